@@ -1,0 +1,28 @@
+# Two commands set everything up on a fresh machine:  `make dev`  and  `make test`.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+
+.PHONY: dev test lint bench install
+
+$(BIN)/ductor-streams: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e ".[test]"
+	touch $@
+
+install: $(BIN)/ductor-streams
+
+dev: install
+	$(BIN)/ductor-streams dev
+
+lint: install
+	$(BIN)/ruff check ductor_streams tests bench examples
+	$(BIN)/ruff format --check ductor_streams tests bench examples
+	$(BIN)/mypy ductor_streams
+
+test: lint
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/python -m bench $(BENCH_ARGS)

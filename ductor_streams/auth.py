@@ -1,0 +1,101 @@
+"""Bearer tokens: HS256 JWTs naming the principal, tenant, scopes, runs and region."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jwt
+
+from ductor_streams.errors import Unauthenticated
+
+ALGORITHM = "HS256"
+MAX_TOKEN_LENGTH = 8192
+SCOPES = (
+    "streams:read",
+    "streams:write",
+    "streams:ack",
+    "streams:admin",
+    "streams:read_unredacted",
+    "streams:ops",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling, as the token says."""
+
+    sub: str
+    tenant: str
+    scopes: frozenset[str]
+    runs: frozenset[str]
+    region: str | None
+
+    def sees_run(self, run_id: str) -> bool:
+        return "*" in self.runs or run_id in self.runs
+
+    def has(self, scope: str) -> bool:
+        return scope in self.scopes
+
+
+def issue_token(
+    secret: str,
+    *,
+    sub: str,
+    tenant: str,
+    scopes: list[str],
+    runs: list[str],
+    region: str | None = None,
+    ttl_seconds: int = 3600,
+) -> str:
+    """Sign a bearer token (used by ``ductor-streams token``, ``dev`` and tests)."""
+    now = int(time.time())
+    claims: dict[str, Any] = {
+        "sub": sub,
+        "tenant": tenant,
+        "scopes": list(scopes),
+        "runs": list(runs),
+        "iat": now,
+        "exp": now + ttl_seconds,
+    }
+    if region is not None:
+        claims["region"] = region
+    return jwt.encode(claims, secret, algorithm=ALGORITHM)
+
+
+def _str_list(claims: dict[str, Any], name: str) -> frozenset[str]:
+    value = claims.get(name)
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise Unauthenticated(f"the token's {name!r} claim must be a list of strings")
+    return frozenset(value)
+
+
+def verify_token(secret: str, token: str) -> Principal:
+    """Check signature (HS256 only: no ``none``, no algorithm confusion), expiry and
+    claim types. Any failure is Unauthenticated."""
+    if not token or len(token) > MAX_TOKEN_LENGTH:
+        raise Unauthenticated("missing or oversized bearer token")
+    try:
+        claims = jwt.decode(
+            token,
+            secret,
+            algorithms=[ALGORITHM],
+            options={"require": ["sub", "tenant", "scopes", "runs"]},
+        )
+    except jwt.ExpiredSignatureError:
+        raise Unauthenticated("the bearer token has expired") from None
+    except jwt.PyJWTError:
+        raise Unauthenticated("the bearer token is invalid") from None
+    sub, tenant, region = claims.get("sub"), claims.get("tenant"), claims.get("region")
+    if not isinstance(sub, str) or not sub or not isinstance(tenant, str) or not tenant:
+        raise Unauthenticated("the token's sub and tenant must be non-empty strings")
+    if region is not None and not isinstance(region, str):
+        raise Unauthenticated("the token's region must be a string")
+    return Principal(
+        sub=sub,
+        tenant=tenant,
+        scopes=_str_list(claims, "scopes"),
+        runs=_str_list(claims, "runs"),
+        region=region,
+    )

@@ -1,0 +1,157 @@
+"""Stream definitions: the immutable pins of a stream, with every default filled in.
+
+Defaults (documented in docs/definitions.md):
+content_class ``json``; schema ``null``; consumers ``[]`` (input streams always get
+``workflow``); credit 1,000 unread items / 16 MiB unread bytes, no total ceilings,
+``reject`` when unread credit is exhausted, ``block_timeout_ms`` 0; retention keeps
+everything; no redaction; placement at this deployment's region (object regions: this
+region when it has an object store); any principal of the tenant may read and write.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+
+from ductor_streams.errors import ContentClassForbidden, InvalidDefinition, PlacementMismatch
+
+STREAM_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~:@-]{0,199}$"
+CONSUMER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~:@-]{0,127}$"
+STREAM_ID_RE = re.compile(STREAM_ID_PATTERN)
+RUN_ID_RE = re.compile(RUN_ID_PATTERN)
+CONSUMER_ID_RE = re.compile(CONSUMER_ID_PATTERN)
+
+CONTENT_CLASSES = ("json", "text", "tool_io", "model_output", "model_reasoning_summary", "event")
+FORBIDDEN_CONTENT_CLASSES = frozenset({"raw_model_reasoning"})
+WORKFLOW_CONSUMER = "workflow"
+
+ConsumerId = Annotated[str, StringConstraints(pattern=CONSUMER_ID_PATTERN)]
+Region = Annotated[str, StringConstraints(min_length=1, max_length=64)]
+Principal = Annotated[str, StringConstraints(min_length=1, max_length=255)]
+JsonPointer = Annotated[str, StringConstraints(pattern=r"^(/([^~]|~[01])*)*$", max_length=1024)]
+Ceiling = Annotated[int, Field(ge=0)]
+
+
+class _Pins(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Credit(_Pins):
+    max_unread_items: Ceiling | None = 1000
+    max_unread_bytes: Ceiling | None = 16 * 1024 * 1024
+    max_total_items: Ceiling | None = None
+    max_total_bytes: Ceiling | None = None
+    on_unread_full: Literal["reject", "block"] = "reject"
+    block_timeout_ms: Annotated[int, Field(ge=0, le=300_000)] = 0
+
+
+class Retention(_Pins):
+    max_age_seconds: Annotated[int, Field(ge=1)] | None = None
+    max_records: Annotated[int, Field(ge=1)] | None = None
+
+
+class Redaction(_Pins):
+    json_pointers: list[JsonPointer] = Field(default_factory=list, max_length=100)
+
+
+class Placement(_Pins):
+    metadata_home: Region | None = None
+    metadata_replicas: list[Region] = Field(default_factory=list)
+    object_regions: list[Region] | None = None
+    client_egress_regions: list[Region] | None = None
+    log_region: Region | None = None
+
+
+class Authorization(_Pins):
+    readers: list[Principal] = Field(default_factory=lambda: ["*"])
+    writers: list[Principal] = Field(default_factory=lambda: ["*"])
+
+
+class StreamDefinition(_Pins):
+    """A stream's definition as stored: every field present, immutable."""
+
+    stream_id: Annotated[str, StringConstraints(pattern=STREAM_ID_PATTERN)]
+    direction: Literal["input", "output"]
+    content_class: str = "json"
+    schema_: Annotated[str, StringConstraints(max_length=255)] | None = Field(
+        default=None, alias="schema"
+    )
+    consumers: list[ConsumerId] = Field(default_factory=list, max_length=64)
+    credit: Credit = Field(default_factory=Credit)
+    retention: Retention = Field(default_factory=Retention)
+    redaction: Redaction = Field(default_factory=Redaction)
+    placement: Placement = Field(default_factory=Placement)
+    authorization: Authorization = Field(default_factory=Authorization)
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, populate_by_name=True)
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return self.model_dump(mode="json", by_alias=True)
+
+    def may_read(self, principal: str) -> bool:
+        return "*" in self.authorization.readers or principal in self.authorization.readers
+
+    def may_write(self, principal: str) -> bool:
+        return "*" in self.authorization.writers or principal in self.authorization.writers
+
+
+def parse_definition(
+    body: Any, *, region: str, object_store_regions: frozenset[str]
+) -> StreamDefinition:
+    """Validate a create-definition body and fill every default.
+
+    Raises InvalidDefinition, ContentClassForbidden or PlacementMismatch.
+    """
+    if not isinstance(body, dict):
+        raise InvalidDefinition("the definition must be a JSON object")
+    content_class = body.get("content_class", "json")
+    if isinstance(content_class, str) and content_class in FORBIDDEN_CONTENT_CLASSES:
+        raise ContentClassForbidden(
+            f"content class {content_class!r} (raw hidden model reasoning) may not be streamed"
+        )
+    try:
+        parsed = StreamDefinition.model_validate(body)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = "/".join(str(p) for p in first["loc"]) or "body"
+        raise InvalidDefinition(f"{where}: {first['msg']}") from None
+    if parsed.content_class not in CONTENT_CLASSES:
+        raise InvalidDefinition(f"content_class: must be one of {', '.join(CONTENT_CLASSES)}")
+
+    consumers = list(dict.fromkeys(parsed.consumers))
+    if parsed.direction == "input" and WORKFLOW_CONSUMER not in consumers:
+        consumers.insert(0, WORKFLOW_CONSUMER)
+
+    placement = parsed.placement
+    home = placement.metadata_home or region
+    if home != region:
+        raise PlacementMismatch(
+            f"metadata_home {home!r} differs from this deployment's region {region!r}"
+        )
+    if placement.object_regions is None:
+        object_regions = [region] if region in object_store_regions else []
+    else:
+        object_regions = list(placement.object_regions)
+    missing = [r for r in object_regions if r not in object_store_regions]
+    if missing:
+        raise PlacementMismatch(f"no object store is configured for region(s) {missing}")
+    filled_placement = Placement(
+        metadata_home=home,
+        metadata_replicas=list(placement.metadata_replicas),
+        object_regions=object_regions,
+        client_egress_regions=(
+            list(placement.client_egress_regions)
+            if placement.client_egress_regions is not None
+            else [home]
+        ),
+        log_region=placement.log_region or home,
+    )
+    return parsed.model_copy(update={"consumers": consumers, "placement": filled_placement})
+
+
+def definition_from_json(data: dict[str, Any]) -> StreamDefinition:
+    """Rebuild a stored definition (already validated when it was created)."""
+    return StreamDefinition.model_validate(data, strict=False)

@@ -1,0 +1,264 @@
+"""Domain errors: one class per condition, each with a stable machine ``code``.
+
+The core raises these; each boundary maps them exactly once (HTTP problems in
+``ductor_streams.http.problems``, Temporal ``ApplicationError`` in
+``ductor_streams.activities``). ``status`` is the HTTP status the contract gives.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+
+class StreamsError(Exception):
+    """Base of every domain error. The docstring of a subclass is its title."""
+
+    code: ClassVar[str] = "internal_error"
+    status: ClassVar[int] = 500
+
+    def __init__(self, detail: str | None = None, **extra: Any) -> None:
+        self.detail = detail or self.title()
+        self.extra = extra
+        super().__init__(self.detail)
+
+    @classmethod
+    def title(cls) -> str:
+        return (cls.__doc__ or cls.__name__).strip().splitlines()[0]
+
+
+class InvalidInput(StreamsError):
+    """The request is malformed."""
+
+    code = "invalid_request"
+    status = 400
+
+
+class InvalidBody(StreamsError):
+    """The request body is not what this endpoint takes."""
+
+    code = "invalid_body"
+    status = 400
+
+
+class RequestTooLarge(StreamsError):
+    """The request body is too large."""
+
+    code = "request_too_large"
+    status = 413
+
+
+class MethodNotAllowed(StreamsError):
+    """This method is not allowed on this path."""
+
+    code = "method_not_allowed"
+    status = 405
+
+
+class InvalidDefinition(StreamsError):
+    """The stream definition is invalid."""
+
+    code = "invalid_definition"
+    status = 422
+
+
+class ContentClassForbidden(StreamsError):
+    """This content class may not be streamed."""
+
+    code = "content_class_forbidden"
+    status = 422
+
+
+class PlacementMismatch(StreamsError):
+    """The placement cannot be served by this deployment."""
+
+    code = "placement_mismatch"
+    status = 422
+
+
+class DefinitionConflict(StreamsError):
+    """A different definition already exists; definitions never change."""
+
+    code = "definition_conflict"
+    status = 409
+
+
+class NotFound(StreamsError):
+    """No such resource."""
+
+    code = "not_found"
+    status = 404
+
+
+class Unauthenticated(StreamsError):
+    """Missing, malformed, expired or wrongly signed bearer token."""
+
+    code = "unauthenticated"
+    status = 401
+
+
+class Forbidden(StreamsError):
+    """The principal may not do this."""
+
+    code = "forbidden"
+    status = 403
+
+
+class EgressDenied(StreamsError):
+    """The caller's region may not receive this stream's data."""
+
+    code = "egress_denied"
+    status = 403
+
+
+class RecordTooLarge(StreamsError):
+    """An inline record is larger than 65,536 bytes; use /objects."""
+
+    code = "record_too_large"
+    status = 413
+
+
+class InvalidBatch(StreamsError):
+    """A batch holds 1 to 1,000 records."""
+
+    code = "invalid_batch"
+    status = 400
+
+
+class InvalidIdempotencyKey(StreamsError):
+    """An Idempotency-Key is 1-255 printable ASCII characters."""
+
+    code = "invalid_idempotency_key"
+    status = 400
+
+
+class IdempotencyKeyReused(StreamsError):
+    """This Idempotency-Key was used with a different body."""
+
+    code = "idempotency_key_reused"
+    status = 422
+
+
+class StreamClosed(StreamsError):
+    """The stream is closed."""
+
+    code = "stream_closed"
+    status = 409
+
+
+class QuotaExhausted(StreamsError):
+    """The stream's total ceiling would be passed."""
+
+    code = "quota_exhausted"
+    status = 409
+
+
+class CreditExhausted(StreamsError):
+    """The stream's unread ceiling would be passed; retry after consumers acknowledge."""
+
+    code = "credit_exhausted"
+    status = 429
+
+    def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after = max(1, int(retry_after))
+
+
+class InvalidCursor(StreamsError):
+    """The cursor must be a non-negative integer."""
+
+    code = "invalid_cursor"
+    status = 400
+
+
+class InvalidLimit(StreamsError):
+    """The limit must be an integer from 1 to 1,000."""
+
+    code = "invalid_limit"
+    status = 400
+
+
+class CursorInFuture(StreamsError):
+    """The cursor is beyond the latest sequence."""
+
+    code = "cursor_in_future"
+    status = 400
+
+
+class CursorExpired(StreamsError):
+    """Retention removed records after this cursor; resync from earliest_sequence - 1."""
+
+    code = "cursor_expired"
+    status = 410
+
+    def __init__(self, *, requested: int, earliest: int, latest: int) -> None:
+        super().__init__(
+            f"sequence {requested} was removed by retention; the earliest retained is "
+            f"{earliest}: resume with cursor={earliest - 1} or resynchronise",
+            requested_sequence=requested,
+            earliest_sequence=earliest,
+            latest_sequence=latest,
+            resync_reason="retention",
+        )
+
+
+class AckRegression(StreamsError):
+    """Acknowledgements only advance."""
+
+    code = "ack_regression"
+    status = 409
+
+
+class AckInFuture(StreamsError):
+    """The acknowledged sequence is beyond the latest sequence."""
+
+    code = "ack_in_future"
+    status = 400
+
+
+class ConsumerNotFound(StreamsError):
+    """No such consumer on this stream."""
+
+    code = "consumer_not_found"
+    status = 404
+
+
+class ObjectTooLarge(StreamsError):
+    """An object is at most 33,554,432 bytes."""
+
+    code = "object_too_large"
+    status = 413
+
+
+class ObjectEvidenceMismatch(StreamsError):
+    """The object's bytes do not match the pinned size and SHA-256."""
+
+    code = "object_evidence_mismatch"
+    status = 422
+
+
+class ObjectNotUploaded(StreamsError):
+    """The object has not been uploaded."""
+
+    code = "object_not_uploaded"
+    status = 409
+
+
+class ObjectAborted(StreamsError):
+    """The object was aborted."""
+
+    code = "object_aborted"
+    status = 409
+
+
+class ObjectExpired(StreamsError):
+    """The object intent expired before commit."""
+
+    code = "object_expired"
+    status = 410
+
+
+class DeliveryNotRetryable(StreamsError):
+    """Only a dead delivery can be retried."""
+
+    code = "delivery_not_dead"
+    status = 409

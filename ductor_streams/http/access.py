@@ -1,0 +1,75 @@
+"""Who may do what: authentication, run visibility, scopes, definition pins, egress.
+
+Order matters (CONTRACT.md section 4): a bad token is 401; a run the token does not
+cover, another tenant's stream or an unknown one is 404 (existence is never revealed);
+a missing scope or a principal outside the definition's lists is 403; a token region
+outside ``client_egress_regions`` on a payload path is 403 ``egress_denied``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from litestar import Request
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+
+from ductor_streams.auth import Principal, verify_token
+from ductor_streams.definitions import RUN_ID_RE, STREAM_ID_RE
+from ductor_streams.errors import EgressDenied, Forbidden, NotFound, Unauthenticated
+from ductor_streams.store import StreamKey, StreamRef
+
+Access = Literal["read", "write", "admin"]
+
+
+def authorize(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """Route guard: verifies the token and the route's scope (``opt["scope"]``)."""
+    header = connection.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        raise Unauthenticated("a bearer token is required")
+    principal = verify_token(connection.app.state.settings.require_jwt_secret(), token.strip())
+    run_id = connection.path_params.get("run_id")
+    if run_id is not None and (not RUN_ID_RE.match(run_id) or not principal.sees_run(run_id)):
+        raise NotFound(f"run {run_id!r} does not exist")
+    scope = handler.opt.get("scope")
+    if scope is None or not principal.has(scope):
+        raise Forbidden(f"the token lacks the scope {scope!r}")
+    connection.state.principal = principal
+
+
+def principal_of(request: Request[Any, Any, Any]) -> Principal:
+    principal: Principal = request.state.principal
+    return principal
+
+
+async def stream_for(request: Request[Any, Any, Any], access: Access) -> StreamRef:
+    """The stream named by the path, if this principal may use it as ``access``."""
+    principal = principal_of(request)
+    run_id = request.path_params["run_id"]
+    stream_id = request.path_params["stream_id"]
+    if not STREAM_ID_RE.match(stream_id):
+        raise NotFound(f"stream {stream_id!r} does not exist")
+    ref = await request.app.state.store.get_stream(StreamKey(principal.tenant, run_id, stream_id))
+    definition = ref.definition
+    if access == "read" and not definition.may_read(principal.sub):
+        raise Forbidden("the principal is not among the stream's readers")
+    if access == "write" and not definition.may_write(principal.sub):
+        raise Forbidden("the principal is not among the stream's writers")
+    return ref
+
+
+def check_egress(request: Request[Any, Any, Any], ref: StreamRef) -> None:
+    """Payload paths only: the caller's region must be an allowed egress region.
+
+    A token without a ``region`` claim is taken to be in this deployment's region.
+    """
+    principal = principal_of(request)
+    region = principal.region or request.app.state.settings.region
+    allowed = ref.definition.placement.client_egress_regions or []
+    if region not in allowed:
+        raise EgressDenied(f"region {region!r} may not receive this stream's data")
+
+
+def may_see_unredacted(request: Request[Any, Any, Any]) -> bool:
+    return principal_of(request).has("streams:read_unredacted")

@@ -1,0 +1,83 @@
+"""The Litestar application: routes under /api/workflow-streams, health at the root."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+from litestar import Litestar, Router
+from litestar.openapi import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.openapi.spec import Components, SecurityScheme
+
+from ductor_streams.config import Settings
+from ductor_streams.http import health, routes_consumers, routes_records, routes_streams
+from ductor_streams.http.access import authorize
+from ductor_streams.http.problems import handle_exception
+from ductor_streams.live.hub import NotificationHub
+from ductor_streams.store import Store
+from ductor_streams.store.db import create_pool
+
+API_MOUNT = "/api/workflow-streams"
+
+# Each edge module contributes its route handlers here; all of them are guarded.
+API_ROUTES: list[Any] = [
+    *routes_streams.ROUTES,
+    *routes_records.ROUTES,
+    *routes_consumers.ROUTES,
+]
+
+Service = Callable[[Litestar], contextlib.AbstractAsyncContextManager[None]]
+
+
+def create_app(
+    settings: Settings,
+    *,
+    pool_size: int = 10,
+    services: Sequence[Service] = (),
+) -> Litestar:
+    """Build the app. ``services`` are extra lifespans (workers) started after the store."""
+    settings.require_jwt_secret()
+    dsn = settings.require_database()
+
+    @contextlib.asynccontextmanager
+    async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
+        pool = await create_pool(dsn, min_size=min(2, pool_size), max_size=pool_size)
+        hub = NotificationHub(dsn)
+        try:
+            await hub.start()
+            app.state.store = Store(pool, hub=hub)
+            app.state.hub = hub
+            async with contextlib.AsyncExitStack() as stack:
+                for service in services:
+                    await stack.enter_async_context(service(app))
+                yield
+        finally:
+            await hub.close()
+            await pool.close()
+
+    api = Router(path=API_MOUNT, route_handlers=API_ROUTES, guards=[authorize])
+    return Litestar(
+        route_handlers=[api, *health.ROUTES],
+        lifespan=[store_lifespan],
+        exception_handlers={Exception: handle_exception},
+        state=_state(settings),
+        openapi_config=OpenAPIConfig(
+            title="ductor-streams",
+            version="0.1.0",
+            path="/schema",
+            render_plugins=[JsonRenderPlugin()],
+            components=Components(
+                security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}
+            ),
+            security=[{"bearer": []}],
+        ),
+        debug=False,
+    )
+
+
+def _state(settings: Settings) -> Any:
+    from litestar.datastructures import State
+
+    return State({"settings": settings})

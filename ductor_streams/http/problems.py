@@ -1,0 +1,76 @@
+"""The one mapping from errors to RFC 9457 problem responses (application/problem+json)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import msgspec
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, NotFoundException
+
+from ductor_streams.errors import (
+    CreditExhausted,
+    InvalidBody,
+    MethodNotAllowed,
+    NotFound,
+    RequestTooLarge,
+    StreamsError,
+)
+
+log = logging.getLogger(__name__)
+PROBLEM_JSON = "application/problem+json"
+
+
+def problem_response(error: StreamsError, instance: str | None = None) -> Response[bytes]:
+    body: dict[str, Any] = {
+        "type": f"https://ductor.dev/problems/{error.code}",
+        "title": error.title(),
+        "status": error.status,
+        "detail": error.detail,
+        "code": error.code,
+    }
+    if instance:
+        body["instance"] = instance
+    body.update(error.extra)
+    headers = {}
+    if isinstance(error, CreditExhausted):
+        headers["Retry-After"] = str(error.retry_after)
+    return Response(
+        content=msgspec.json.encode(body),
+        status_code=error.status,
+        media_type=PROBLEM_JSON,
+        headers=headers,
+    )
+
+
+def _from_http_exception(exc: HTTPException) -> StreamsError:
+    if isinstance(exc, NotFoundException) or exc.status_code == 404:
+        return NotFound("no such resource")
+    if exc.status_code == 405:
+        return MethodNotAllowed()
+    if exc.status_code == 413:
+        return RequestTooLarge()
+    if exc.status_code in (400, 422):
+        return InvalidBody(str(exc.detail) if exc.detail else None)
+    generic = StreamsError(str(exc.detail) if exc.detail else None)
+    generic.code = "http_error"  # type: ignore[misc]
+    generic.status = exc.status_code  # type: ignore[misc]
+    return generic
+
+
+def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """Litestar exception handler for every exception type."""
+    if isinstance(exc, StreamsError):
+        error = exc
+    elif isinstance(exc, HTTPException):
+        error = _from_http_exception(exc)
+    else:
+        # Never the payload or the token: only the type and the route.
+        log.error(
+            "unhandled error",
+            exc_info=exc,
+            extra={"route": request.scope.get("path"), "error_type": type(exc).__name__},
+        )
+        error = StreamsError("internal error")
+    return problem_response(error, request.scope.get("path"))

@@ -1,0 +1,128 @@
+"""The per-process notification hub: ONE dedicated LISTEN connection for all streams.
+
+Notifications are wake signals only (``r<pk>`` records, ``a<pk>`` acks, ``c<pk>``
+close); Postgres delivers them at commit, never before. Whoever is woken re-reads
+durable state. When the LISTEN connection drops, the hub reconnects and wakes every
+watcher, because notifications sent while it was away are lost.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Iterator
+
+import asyncpg
+
+CHANNEL = "workflow_streams"
+log = logging.getLogger(__name__)
+
+WakeCallback = Callable[[int], None]
+
+
+class NotificationHub:
+    """Fans Postgres notifications out to in-process watchers, per stream."""
+
+    def __init__(self, dsn: str, *, reconnect_delay: float = 0.2) -> None:
+        self._dsn = dsn
+        self._reconnect_delay = reconnect_delay
+        self._conn: asyncpg.Connection | None = None
+        self._watchers: dict[int, set[WakeCallback]] = {}
+        self._reconnect_task: asyncio.Task[None] | None = None
+        self._closed = False
+        self.reconnects = 0
+
+    async def start(self) -> None:
+        await self._connect()
+
+    async def close(self) -> None:
+        self._closed = True
+        if self._reconnect_task is not None:
+            self._reconnect_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reconnect_task
+        if self._conn is not None:
+            with contextlib.suppress(Exception):
+                await self._conn.close(timeout=2)
+            self._conn = None
+
+    @property
+    def connected(self) -> bool:
+        return self._conn is not None and not self._conn.is_closed()
+
+    @property
+    def backend_pid(self) -> int | None:
+        """The server process of the LISTEN connection (tests terminate it)."""
+        return self._conn.get_server_pid() if self._conn is not None else None
+
+    def subscribe(self, stream_pk: int, callback: WakeCallback) -> Callable[[], None]:
+        """Call ``callback(stream_pk)`` on every wake of the stream; returns the undo."""
+        self._watchers.setdefault(stream_pk, set()).add(callback)
+
+        def unsubscribe() -> None:
+            callbacks = self._watchers.get(stream_pk)
+            if callbacks is not None:
+                callbacks.discard(callback)
+                if not callbacks:
+                    del self._watchers[stream_pk]
+
+        return unsubscribe
+
+    @contextlib.contextmanager
+    def watch(self, stream_pk: int) -> Iterator[asyncio.Event]:
+        """An event set on every wake of the stream while the block runs.
+
+        Enter it BEFORE reading durable state, so that no wake between the read and
+        the wait is lost; clear it before each re-read.
+        """
+        event = asyncio.Event()
+        undo = self.subscribe(stream_pk, lambda _pk: event.set())
+        try:
+            yield event
+        finally:
+            undo()
+
+    def _wake(self, stream_pk: int) -> None:
+        for callback in list(self._watchers.get(stream_pk, ())):
+            try:
+                callback(stream_pk)
+            except Exception:  # a broken watcher must not starve the others
+                log.exception("wake callback failed", extra={"stream_pk": stream_pk})
+
+    def _wake_all(self) -> None:
+        for stream_pk in list(self._watchers):
+            self._wake(stream_pk)
+
+    def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
+        try:
+            stream_pk = int(payload[1:])
+        except ValueError:
+            return
+        self._wake(stream_pk)
+
+    def _on_terminated(self, _conn: object) -> None:
+        self._conn = None
+        if not self._closed and (self._reconnect_task is None or self._reconnect_task.done()):
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
+
+    async def _connect(self) -> None:
+        conn = await asyncpg.connect(self._dsn)
+        conn.add_termination_listener(self._on_terminated)
+        await conn.add_listener(CHANNEL, self._on_notify)
+        self._conn = conn
+
+    async def _reconnect(self) -> None:
+        delay = self._reconnect_delay
+        while not self._closed:
+            try:
+                await self._connect()
+            except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+                log.warning("LISTEN reconnect failed: %s", type(exc).__name__)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self.reconnects += 1
+            # Anything committed while we were away was not announced: everyone re-reads.
+            self._wake_all()
+            return

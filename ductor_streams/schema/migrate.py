@@ -1,0 +1,97 @@
+"""The migration runner: applies ``migrations/NNNN_name.sql`` in order, once each.
+
+Safe to run from several processes at once: a session advisory lock serialises
+runners, and each migration commits together with its ``schema_migrations`` row.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import asyncpg
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+_FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+# Any fixed 64-bit number; it only has to be the same in every runner.
+_LOCK_KEY = 0x64756374_6D696772  # "duct" "migr"
+
+_BOOTSTRAP = """
+CREATE SCHEMA IF NOT EXISTS workflow_streams;
+CREATE TABLE IF NOT EXISTS workflow_streams.schema_migrations (
+    version    integer PRIMARY KEY,
+    name       text        NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+);
+"""
+
+
+@dataclass(frozen=True)
+class Migration:
+    """One numbered SQL file."""
+
+    version: int
+    name: str
+    path: Path
+
+    def sql(self) -> str:
+        return self.path.read_text(encoding="utf-8")
+
+
+def available_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
+    """Every migration file, in version order."""
+    found = []
+    for path in directory.iterdir():
+        match = _FILE.match(path.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), path))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if len(set(versions)) != len(versions):
+        raise RuntimeError(f"two migrations share a version in {directory}")
+    return found
+
+
+async def applied_versions(conn: asyncpg.Connection) -> list[int]:
+    """Versions already applied (empty when the schema does not exist yet)."""
+    exists = await conn.fetchval("SELECT to_regclass('workflow_streams.schema_migrations')")
+    if exists is None:
+        return []
+    rows = await conn.fetch("SELECT version FROM workflow_streams.schema_migrations ORDER BY 1")
+    return [r["version"] for r in rows]
+
+
+async def migrate(dsn: str) -> list[Migration]:
+    """Apply every pending migration; return the ones this call applied."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+        try:
+            async with conn.transaction():
+                await conn.execute(_BOOTSTRAP)
+            done = set(await applied_versions(conn))
+            applied = []
+            for migration in available_migrations():
+                if migration.version in done:
+                    continue
+                async with conn.transaction():
+                    await conn.execute(migration.sql())
+                    await conn.execute(
+                        "INSERT INTO workflow_streams.schema_migrations (version, name) "
+                        "VALUES ($1, $2)",
+                        migration.version,
+                        migration.name,
+                    )
+                applied.append(migration)
+            return applied
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+    finally:
+        await conn.close()
+
+
+async def is_current(conn: asyncpg.Connection) -> bool:
+    """True when every available migration has been applied."""
+    wanted = {m.version for m in available_migrations()}
+    return wanted <= set(await applied_versions(conn))

@@ -1,0 +1,77 @@
+-- Stream definitions, records, acks: one named block per query (`-- name: <entity>_<verb>`).
+-- Loaded with every other file of this folder by ductor_streams.schema.queries.
+
+-- name: stream_insert
+-- Creates a stream with its consumers; returns no row when the key already exists.
+-- With consumers, the minimum acknowledgement starts at 0 (everything unread).
+WITH created AS (
+    INSERT INTO workflow_streams.streams
+           (tenant, run_id, stream_id, direction, definition, min_acked_sequence, min_acked_bytes)
+    VALUES ($1, $2, $3, $4, $5::jsonb,
+            CASE WHEN cardinality($6::text[]) > 0 THEN 0 END,
+            CASE WHEN cardinality($6::text[]) > 0 THEN 0 END)
+    ON CONFLICT ON CONSTRAINT streams_key DO NOTHING
+    RETURNING stream_pk
+), consumers AS (
+    INSERT INTO workflow_streams.consumers (stream_pk, consumer_id)
+    SELECT created.stream_pk, c FROM created, unnest($6::text[]) c
+)
+SELECT stream_pk FROM created;
+
+-- name: stream_get_by_key
+SELECT stream_pk, direction, definition::text AS definition
+  FROM workflow_streams.streams
+ WHERE tenant = $1 AND run_id = $2 AND stream_id = $3;
+
+-- name: stream_state
+SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
+       s.legal_hold, s.legal_hold_reason, s.total_items, s.total_bytes,
+       CASE WHEN s.min_acked_sequence IS NULL THEN 0
+            ELSE s.latest_sequence - s.min_acked_sequence END AS unread_items,
+       CASE WHEN s.min_acked_sequence IS NULL THEN 0
+            ELSE s.total_bytes - s.min_acked_bytes END AS unread_bytes,
+       coalesce((SELECT jsonb_agg(jsonb_build_object('consumer_id', c.consumer_id,
+                                                     'acked_sequence', c.acked_sequence)
+                                  ORDER BY c.consumer_id)
+                   FROM workflow_streams.consumers c WHERE c.stream_pk = s.stream_pk),
+                '[]'::jsonb)::text AS consumers
+  FROM workflow_streams.streams s
+ WHERE s.stream_pk = $1;
+
+-- name: records_read
+-- The stream's bounds and the page of records after the cursor, in one snapshot.
+SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
+       r.sequence, r.payload, r.size, r.appended_at, r.object::text AS object
+  FROM workflow_streams.streams s
+  LEFT JOIN LATERAL (
+        SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object
+          FROM workflow_streams.records rr
+         WHERE rr.stream_pk = s.stream_pk AND rr.sequence > $2
+         ORDER BY rr.sequence
+         LIMIT $3) r ON true
+ WHERE s.stream_pk = $1
+ ORDER BY r.sequence;
+
+-- name: records_append
+SELECT request_index, outcome, first_sequence, last_sequence
+  FROM workflow_streams.append_requests($1, $2::integer[], $3::text[], $4::text[],
+                                        $5::text[], $6::integer[], $7::jsonb[]);
+
+-- name: consumer_ack
+SELECT outcome, acked_sequence FROM workflow_streams.ack_consumer($1, $2, $3);
+
+-- name: stream_close
+WITH closed AS (
+    UPDATE workflow_streams.streams
+       SET closed_at = coalesce(closed_at, now())
+     WHERE stream_pk = $1
+    RETURNING latest_sequence
+), wake AS (
+    SELECT pg_notify('workflow_streams', 'c' || $1::text) FROM closed
+)
+SELECT latest_sequence FROM closed, (SELECT count(*) FROM wake) w;
+
+-- name: stream_set_legal_hold
+UPDATE workflow_streams.streams
+   SET legal_hold = $2, legal_hold_reason = $3
+ WHERE stream_pk = $1;

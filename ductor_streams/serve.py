@@ -1,0 +1,31 @@
+"""Runs the HTTP app under uvicorn (uvloop + httptools, one worker process)."""
+
+from __future__ import annotations
+
+import uvicorn
+
+from ductor_streams.config import Settings
+from ductor_streams.http import create_app
+from ductor_streams.logs import configure_logging
+from ductor_streams.workers import worker_services
+
+
+def serve(settings: Settings, *, host: str, port: int, workers: bool) -> int:
+    settings.require_database()
+    settings.require_jwt_secret()
+    configure_logging()
+    services = worker_services(settings) if workers else []
+    app = create_app(settings, services=services)
+    config = uvicorn.Config(
+        app,
+        host=host,
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=5,
+    )
+    uvicorn.Server(config).run()
+    return 0

@@ -1,0 +1,85 @@
+"""Turns records into what the store keeps: compact JSON text, its byte size, a request hash.
+
+A record's size is the byte length of its payload as compact JSON with raw UTF-8
+(CONTRACT.md, Append). msgspec (litestar's own codec) writes exactly that form.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+from ductor_streams.errors import InvalidBatch, InvalidIdempotencyKey, InvalidInput, RecordTooLarge
+
+MAX_RECORD_BYTES = 65_536
+MAX_BATCH_RECORDS = 1_000
+_encoder = msgspec.json.Encoder()
+
+
+@dataclass(frozen=True, slots=True)
+class EncodedBatch:
+    """One append request, ready for the append function."""
+
+    payloads: list[str]
+    sizes: list[int]
+    objects: list[str | None]
+    idempotency_key: str | None
+    request_hash: str
+
+    @property
+    def count(self) -> int:
+        return len(self.payloads)
+
+    @property
+    def bytes(self) -> int:
+        return sum(self.sizes)
+
+
+def encode_payload(payload: Any) -> bytes:
+    try:
+        return _encoder.encode(payload)
+    except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as exc:
+        raise InvalidInput(f"a payload is not encodable as JSON: {exc}") from None
+
+
+def check_idempotency_key(key: str | None) -> str | None:
+    if key is None:
+        return None
+    if not 1 <= len(key) <= 255 or not all(0x20 <= ord(ch) <= 0x7E for ch in key):
+        raise InvalidIdempotencyKey()
+    return key
+
+
+def encode_batch(
+    payloads: list[Any],
+    *,
+    idempotency_key: str | None = None,
+    objects: list[dict[str, Any] | None] | None = None,
+) -> EncodedBatch:
+    """Validate and encode one request's records (1 to 1,000, each at most 64 KiB)."""
+    if not 1 <= len(payloads) <= MAX_BATCH_RECORDS:
+        raise InvalidBatch(f"a batch holds 1 to {MAX_BATCH_RECORDS} records, not {len(payloads)}")
+    key = check_idempotency_key(idempotency_key)
+    digest = hashlib.sha256()
+    texts: list[str] = []
+    sizes: list[int] = []
+    for index, payload in enumerate(payloads):
+        raw = encode_payload(payload)
+        if len(raw) > MAX_RECORD_BYTES:
+            raise RecordTooLarge(
+                f"record {index} is {len(raw)} bytes; inline records are at most "
+                f"{MAX_RECORD_BYTES} bytes (use /objects)"
+            )
+        digest.update(len(raw).to_bytes(4, "big"))
+        digest.update(raw)
+        texts.append(raw.decode("utf-8"))
+        sizes.append(len(raw))
+    object_texts: list[str | None] = [None] * len(texts)
+    if objects is not None:
+        object_texts = [None if o is None else _encoder.encode(o).decode() for o in objects]
+        for text in object_texts:
+            digest.update(b"\x00" if text is None else text.encode())
+    return EncodedBatch(texts, sizes, object_texts, key, digest.hexdigest())

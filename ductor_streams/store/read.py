@@ -1,0 +1,49 @@
+"""Reads with the exact cursor rule: records with ``sequence > cursor``, ascending."""
+
+from __future__ import annotations
+
+import json
+
+import asyncpg
+
+from ductor_streams.errors import CursorExpired, CursorInFuture, NotFound
+from ductor_streams.schema import QUERIES
+from ductor_streams.store.models import Page, Record
+
+
+async def read_page(
+    pool: asyncpg.Pool | asyncpg.Connection, stream_pk: int, cursor: int, limit: int
+) -> Page:
+    """Return up to ``limit`` records after ``cursor``.
+
+    A cursor beyond the latest sequence is CursorInFuture (never an implicit reset);
+    a cursor whose next record retention removed is CursorExpired (HTTP 410). Bounds
+    and records come from one statement, so they are one consistent snapshot.
+    """
+    rows = await pool.fetch(QUERIES["records_read"], stream_pk, cursor, limit)
+    if not rows:
+        raise NotFound("stream does not exist")
+    head = rows[0]
+    latest, earliest = head["latest_sequence"], head["earliest_sequence"]
+    if cursor > latest:
+        raise CursorInFuture(f"cursor {cursor} is beyond the latest sequence {latest}")
+    if cursor + 1 < earliest:
+        raise CursorExpired(requested=cursor + 1, earliest=earliest, latest=latest)
+    records = [
+        Record(
+            sequence=r["sequence"],
+            payload=r["payload"],
+            size=r["size"],
+            appended_at=r["appended_at"],
+            object=json.loads(r["object"]) if r["object"] is not None else None,
+        )
+        for r in rows
+        if r["sequence"] is not None
+    ]
+    return Page(
+        records=records,
+        next_cursor=records[-1].sequence if records else cursor,
+        earliest_sequence=earliest,
+        latest_sequence=latest,
+        closed=head["closed"],
+    )

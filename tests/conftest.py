@@ -1,0 +1,149 @@
+"""Shared fixtures: a real Postgres database (the machine's, or an embedded one), the app
+in-process, tokens, and unique run IDs so tests never see each other's streams."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+from litestar.testing import AsyncTestClient
+
+from ductor_streams.auth import SCOPES, issue_token
+from ductor_streams.config import Settings
+from ductor_streams.http import create_app
+from ductor_streams.schema.migrate import migrate
+from ductor_streams.store import Store
+from ductor_streams.store.db import create_pool
+from tests.support.postgres import TestDatabase, start_test_database
+
+JWT_SECRET = "test-secret-" + "x" * 32
+API = "/api/workflow-streams"
+
+
+# temporalio's core can crash the interpreter at exit after every test has finished
+# (sdk-python#300); keep pytest's real exit status. See STACK_NOTES.md.
+_exit_status: dict[str, int] = {}
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _exit_status["rc"] = int(exitstatus)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if "rc" in _exit_status and os.environ.get("DUCTOR_STREAMS_TEST_HARD_EXIT", "1") == "1":
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(_exit_status["rc"])
+
+
+@pytest.fixture(scope="session")
+def test_database(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestDatabase]:
+    db = start_test_database(tmp_path_factory.mktemp("pg"))
+    try:
+        yield db
+    finally:
+        db.stop()
+
+
+@pytest.fixture(scope="session")
+async def database_url(test_database: TestDatabase) -> str:
+    await migrate(test_database.dsn)
+    return test_database.dsn
+
+
+@pytest.fixture(scope="session")
+def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    objects = tmp_path_factory.mktemp("objects")
+    return Settings(
+        database_url=database_url,
+        jwt_secret=JWT_SECRET,
+        region="local",
+        object_stores={"local": objects.as_uri()},
+    )
+
+
+@pytest.fixture(scope="session")
+async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await create_pool(database_url, min_size=2, max_size=20)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.fixture(scope="session")
+async def store(pool: asyncpg.Pool) -> Store:
+    return Store(pool)
+
+
+@pytest.fixture(scope="session")
+async def client(settings: Settings) -> AsyncIterator[AsyncTestClient[Any]]:
+    app = create_app(settings, pool_size=20)
+    async with AsyncTestClient(app=app, timeout=30) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def run_id() -> str:
+    return f"run-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def tenant() -> str:
+    return f"t-{uuid.uuid4().hex[:8]}"
+
+
+TokenFactory = Callable[..., dict[str, str]]
+
+
+@pytest.fixture
+def auth(tenant: str) -> TokenFactory:
+    """``auth(scopes=..., runs=..., sub=..., tenant=..., region=...)`` -> headers."""
+
+    def make(
+        *,
+        scopes: list[str] | tuple[str, ...] = SCOPES,
+        runs: list[str] | None = None,
+        sub: str = "tester",
+        tenant: str = tenant,
+        region: str | None = None,
+        ttl: int = 600,
+        secret: str = JWT_SECRET,
+    ) -> dict[str, str]:
+        token = issue_token(
+            secret,
+            sub=sub,
+            tenant=tenant,
+            scopes=list(scopes),
+            runs=runs if runs is not None else ["*"],
+            region=region,
+            ttl_seconds=ttl,
+        )
+        return {"Authorization": f"Bearer {token}"}
+
+    return make
+
+
+def unique(prefix: str = "s") -> str:
+    return f"{prefix}-{secrets.token_hex(4)}"
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def server(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A real `ductor-streams serve --no-workers` subprocess shared by the session."""
+    from tests.support.server import ServerProcess
+
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    with ServerProcess(settings, log_path=log) as proc:
+        yield proc

@@ -1,0 +1,98 @@
+"""A real ``ductor-streams serve`` subprocess (uvicorn) for tests that need real HTTP:
+SSE, restarts, several replicas. Waits on /healthz with a deadline, never a fixed sleep."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from ductor_streams.config import Settings
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def settings_env(settings: Settings) -> dict[str, str]:
+    """The environment variables that reproduce ``settings`` in a child process."""
+    import json
+
+    env = {
+        "DUCTOR_STREAMS_DATABASE_URL": settings.database_url or "",
+        "DUCTOR_STREAMS_JWT_SECRET": settings.jwt_secret or "",
+        "DUCTOR_STREAMS_REGION": settings.region,
+        "DUCTOR_STREAMS_TENANT": settings.tenant,
+        "DUCTOR_STREAMS_TEMPORAL_NAMESPACE": settings.temporal_namespace,
+    }
+    if settings.object_stores:
+        env["DUCTOR_STREAMS_OBJECT_STORE"] = json.dumps(dict(settings.object_stores))
+    if settings.temporal_address:
+        env["DUCTOR_STREAMS_TEMPORAL_ADDRESS"] = settings.temporal_address
+    return env
+
+
+@dataclass
+class ServerProcess:
+    """One server subprocess; ``url`` is its root (the API is under /api/workflow-streams)."""
+
+    settings: Settings
+    workers: bool = False
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    log_path: Path | None = None
+    process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 30.0) -> ServerProcess:
+        args = [sys.executable, "-m", "ductor_streams.cli", "serve", "--host", "127.0.0.1",
+                "--port", str(self.port)]
+        if not self.workers:
+            args.append("--no-workers")
+        env = {**os.environ, **settings_env(self.settings), **self.extra_env}
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(args, env=env, stdout=log, stderr=log)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}")
+            try:
+                if httpx.get(self.url + "/healthz", timeout=1).status_code == 200:
+                    return self
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.05)
+        self.stop()
+        raise TimeoutError("server did not become healthy in time")
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.send_signal(sig)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout)
+
+    def kill(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def __enter__(self) -> ServerProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
