@@ -32,6 +32,7 @@ async def test_every_acknowledged_append_survives_sigkill(settings, auth, run_id
     """Invariant 5: a record whose append got a 2xx is there after a crash."""
     h = auth()
     acknowledged: list[int] = []
+    enough = asyncio.Event()
     proc = ServerProcess(settings).start()
     try:
         async with httpx.AsyncClient(base_url=proc.url, timeout=10) as c:
@@ -51,11 +52,11 @@ async def test_every_acknowledged_append_survives_sigkill(settings, auth, run_id
                     if r.status_code != 201:
                         return
                     acknowledged.append(r.json()["first_sequence"])
+                    if len(acknowledged) >= 200:
+                        enough.set()
 
             writers = [asyncio.create_task(writer(w)) for w in range(4)]
-            deadline = asyncio.get_running_loop().time() + 30
-            while len(acknowledged) < 200 and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.01)
+            await asyncio.wait_for(enough.wait(), timeout=30)
             proc.kill()
             await asyncio.gather(*writers)
     finally:
