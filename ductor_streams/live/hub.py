@@ -29,6 +29,7 @@ class NotificationHub:
         self._reconnect_delay = reconnect_delay
         self._conn: asyncpg.Connection | None = None
         self._watchers: dict[int, set[WakeCallback]] = {}
+        self._any_watchers: set[WakeCallback] = set()
         self._reconnect_task: asyncio.Task[None] | None = None
         self._closed = False
         self.reconnects = 0
@@ -69,6 +70,13 @@ class NotificationHub:
 
         return unsubscribe
 
+    def subscribe_any(self, callback: WakeCallback) -> Callable[[], None]:
+        """Call ``callback(stream_pk)`` on every wake of every stream, and
+        ``callback(0)`` after a reconnect (anything may have happened); returns the undo.
+        """
+        self._any_watchers.add(callback)
+        return lambda: self._any_watchers.discard(callback)
+
     @contextlib.contextmanager
     def watch(self, stream_pk: int) -> Iterator[asyncio.Event]:
         """An event set on every wake of the stream while the block runs.
@@ -84,7 +92,7 @@ class NotificationHub:
             undo()
 
     def _wake(self, stream_pk: int) -> None:
-        for callback in list(self._watchers.get(stream_pk, ())):
+        for callback in [*self._watchers.get(stream_pk, ()), *self._any_watchers]:
             try:
                 callback(stream_pk)
             except Exception:  # a broken watcher must not starve the others
@@ -93,6 +101,8 @@ class NotificationHub:
     def _wake_all(self) -> None:
         for stream_pk in list(self._watchers):
             self._wake(stream_pk)
+        for callback in list(self._any_watchers):
+            callback(0)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         try:
