@@ -13,6 +13,7 @@ from litestar.openapi.spec import Components, SecurityScheme
 
 from ductor_streams.config import Settings
 from ductor_streams.http import health, routes_consumers, routes_records, routes_streams
+from ductor_streams.http import routes_subscribe
 from ductor_streams.http.access import authorize
 from ductor_streams.http.problems import handle_exception
 from ductor_streams.live.hub import NotificationHub
@@ -26,6 +27,7 @@ API_ROUTES: list[Any] = [
     *routes_streams.ROUTES,
     *routes_records.ROUTES,
     *routes_consumers.ROUTES,
+    *routes_subscribe.ROUTES,
 ]
 
 Service = Callable[[Litestar], contextlib.AbstractAsyncContextManager[None]]

@@ -1,0 +1,32 @@
+"""``GET /metrics``: Prometheus text, at the server root like the health checks.
+
+Unauthenticated, as scrapers expect: the metrics carry counts and timings only, never a
+tenant, run, stream or payload.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import asyncpg
+from litestar import Request, Response, get
+
+from ductor_streams import metrics
+
+log = logging.getLogger(__name__)
+
+
+@get("/metrics", include_in_schema=False)
+async def prometheus_metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Every metric of this process, plus delivery states read from Postgres now."""
+    try:
+        await metrics.refresh_from_database(request.app.state.store.pool)
+    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+        # The process's own counters are still worth a scrape; the gauges keep their
+        # last values.
+        log.warning("delivery gauges not refreshed", extra={"error_type": type(exc).__name__})
+    return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+
+
+ROUTES = [prometheus_metrics]

@@ -1,0 +1,113 @@
+"""Subscribe: ``GET .../subscribe`` as Server-Sent Events, on top of ``live.Followers``.
+
+Cursor problems (400/410) are ordinary problem responses because the subscription's
+first read happens before the response starts. Then: ``record`` events (``id`` = the
+sequence), ``: keepalive`` comments while idle, and ``end`` after close or ``error``
+(the 410 body) when retention overtakes the subscriber, after which the response ends.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Litestar, Request, get
+from litestar.response import Stream
+
+from ductor_streams.errors import InvalidCursor
+from ductor_streams.http.access import check_egress, may_see_unredacted, stream_for
+from ductor_streams.http.codec import encode_record
+from ductor_streams.http.params import parse_cursor
+from ductor_streams.http.problems import problem_response
+from ductor_streams.http.routes_streams import STREAM
+from ductor_streams.live.config import LiveSettings
+from ductor_streams.live.events import End, Expired, LiveBatch
+from ductor_streams.live.followers import Followers
+from ductor_streams.live.subscription import Subscription
+
+KEEPALIVE = b": keepalive\n\n"
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def followers_of(app: Litestar) -> Followers:
+    """The process's live delivery, created on first use over the app's pool and hub."""
+    followers: Followers | None = app.state.get("live_followers")
+    if followers is None:
+        followers = Followers(app.state.store.pool, app.state.hub, LiveSettings.from_env())
+        app.state.live_followers = followers
+    return followers
+
+
+def subscribe_cursor(request: Request[Any, Any, Any]) -> int:
+    """``Last-Event-ID`` when present (it wins), else ``?cursor=``, else 0."""
+    last_event_id = request.headers.get("last-event-id")
+    if last_event_id is not None:
+        if not last_event_id.strip():
+            raise InvalidCursor("Last-Event-ID must be a non-negative integer")
+        return parse_cursor(last_event_id)
+    return parse_cursor(request.query_params.get("cursor"))
+
+
+@get(STREAM + "/subscribe", opt={"scope": "streams:read"})
+async def subscribe(request: Request[Any, Any, Any]) -> Stream:
+    """Follow the stream live from the cursor, as Server-Sent Events."""
+    cursor = subscribe_cursor(request)
+    ref = await stream_for(request, "read")
+    check_egress(request, ref)
+    redaction = [] if may_see_unredacted(request) else list(ref.definition.redaction.json_pointers)
+    followers = followers_of(request.app)
+    subscription = await followers.subscribe(ref.stream_pk, cursor)
+    events = _events(
+        followers,
+        ref.stream_pk,
+        subscription,
+        redaction,
+        instance=request.scope.get("path"),
+    )
+    return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def _events(
+    followers: Followers,
+    stream_pk: int,
+    subscription: Subscription,
+    redaction: list[str],
+    *,
+    instance: str | None,
+) -> AsyncIterator[bytes]:
+    keepalive = followers.settings.keepalive_seconds
+    memo_key = tuple(redaction)
+    try:
+        while True:
+            item = await subscription.next(keepalive)
+            if item is None:
+                yield KEEPALIVE
+            elif isinstance(item, list):
+                yield b"".join(_record_frames(batch, redaction, memo_key) for batch in item)
+            else:
+                if isinstance(item, End):
+                    data = msgspec.json.encode({"last_sequence": item.last_sequence})
+                    yield b"event: end\ndata: " + data + b"\n\n"
+                elif isinstance(item, Expired):
+                    body = problem_response(item.error, instance).content
+                    yield b"event: error\ndata: " + bytes(body) + b"\n\n"
+                return
+    finally:
+        # Runs on normal end and when the client goes away (the generator is cancelled).
+        followers.release(stream_pk, subscription)
+
+
+def _record_frames(batch: LiveBatch, redaction: list[str], memo_key: tuple[str, ...]) -> bytes:
+    # Every subscriber of this process shares the batch: encode it once per redaction.
+    frames = batch.memo.get(memo_key)
+    if frames is None:
+        frames = b"".join(
+            b"event: record\nid: %d\ndata: %s\n\n" % (r.sequence, encode_record(r, redaction))
+            for r in batch.records
+        )
+        batch.memo[memo_key] = frames
+    return frames
+
+
+ROUTES = [subscribe]

@@ -1,0 +1,53 @@
+"""Tunables of live delivery, from the environment (defaults suit production)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from ductor_streams.config import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSettings:
+    """How live delivery behaves in this process.
+
+    ``keepalive_seconds``: idle time after which an SSE comment is sent (the contract
+    asks for one at least every 15 s). ``buffer_records``: records a subscriber may
+    hold in memory before it falls back to reading from Postgres. ``page_records``:
+    records per backfill / repair / follower read.
+    """
+
+    keepalive_seconds: float = 10.0
+    buffer_records: int = 4096
+    page_records: int = 500
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> LiveSettings:
+        env = os.environ if env is None else env
+        defaults = cls()
+        return cls(
+            keepalive_seconds=_number(
+                env, "DUCTOR_STREAMS_SSE_KEEPALIVE_SECONDS", defaults.keepalive_seconds, 0.05, 15
+            ),
+            buffer_records=int(
+                _number(env, "DUCTOR_STREAMS_SSE_BUFFER_RECORDS", defaults.buffer_records, 1, 1e7)
+            ),
+            page_records=int(
+                _number(env, "DUCTOR_STREAMS_SSE_PAGE_RECORDS", defaults.page_records, 1, 1000)
+            ),
+        )
+
+
+def _number(env: Mapping[str, str], name: str, default: float, low: float, high: float) -> float:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{name} must be a number") from None
+    if not low <= value <= high:
+        raise ConfigError(f"{name} must be between {low:g} and {high:g}")
+    return value

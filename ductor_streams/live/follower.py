@@ -1,0 +1,132 @@
+"""The per-process follower of one stream: one read per wake, fanned out in memory.
+
+However many subscribers this process has on a stream, each wake of the stream costs
+one read of ``sequence > last_read`` (more only when a read fills a whole page). The
+batch is handed to every registered subscriber without awaiting any of them, so a slow
+subscriber never delays the others.
+
+Correctness rests on two rules. A follower starts after a ``latest_sequence`` read
+BEFORE it watched the hub, so everything committed later is announced to it; and
+``last_read`` only moves through reads whose batch is fanned out to every subscriber
+registered at that moment. A record committed after a subscriber registered is then
+either fanned out to it, or was read by a read that began after it registered, which
+also fanned out to it. Records committed before it registered are in its own backfill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable
+
+from ductor_streams.errors import CursorExpired, NotFound
+from ductor_streams.live.events import LiveBatch
+from ductor_streams.live.hub import NotificationHub
+from ductor_streams.live.subscription import Subscription
+from ductor_streams.store.models import Page
+
+log = logging.getLogger(__name__)
+
+Reader = Callable[[int, int, int], Awaitable[Page]]
+"""``read(stream_pk, after, limit)``, e.g. ``store.read.read_page`` over the pool."""
+
+
+class StreamFollower:
+    """Follows one stream for the subscribers of this process."""
+
+    def __init__(
+        self,
+        stream_pk: int,
+        *,
+        start_after: int,
+        hub: NotificationHub,
+        read: Reader,
+        page_records: int,
+        retry_delay: float = 0.2,
+    ) -> None:
+        self.stream_pk = stream_pk
+        self.last_read = start_after
+        self._hub = hub
+        self._read = read
+        self._page = page_records
+        self._retry_delay = retry_delay
+        self._subscribers: dict[Subscription, None] = {}
+        self._wake = asyncio.Event()
+        self._stopped = False
+        self._unwatch: Callable[[], None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._closed_announced = False
+        self.reads = 0
+
+    def start(self) -> None:
+        self._unwatch = self._hub.subscribe(self.stream_pk, self._on_wake)
+        self._task = asyncio.get_running_loop().create_task(self._run())
+
+    def add(self, subscription: Subscription) -> None:
+        self._subscribers[subscription] = None
+
+    def remove(self, subscription: Subscription) -> bool:
+        """Unregister; returns True when no subscriber is left."""
+        self._subscribers.pop(subscription, None)
+        return not self._subscribers
+
+    @property
+    def subscriber_count(self) -> int:
+        return len(self._subscribers)
+
+    def stop(self) -> None:
+        """Stop following; a read in flight finishes (its batch goes nowhere)."""
+        self._stopped = True
+        if self._unwatch is not None:
+            self._unwatch()
+            self._unwatch = None
+        self._wake.set()
+
+    async def wait_stopped(self) -> None:
+        if self._task is not None:
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def _on_wake(self, _stream_pk: int) -> None:
+        self._wake.set()
+
+    async def _run(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stopped:
+                return
+            try:
+                await self._read_new()
+            except Exception:
+                # The pool or the database hiccuped: try again soon. Subscribers keep
+                # what they have; nothing is skipped because last_read did not move.
+                log.exception("live follower read failed", extra={"stream_pk": self.stream_pk})
+                await asyncio.sleep(self._retry_delay)
+                self._wake.set()
+
+    async def _read_new(self) -> None:
+        while not self._stopped:
+            try:
+                page = await self._read(self.stream_pk, self.last_read, self._page)
+            except CursorExpired as exc:
+                # Retention passed us: go on from the first retained record. Subscribers
+                # see the hole, try to repair it and get the 410 as an error event.
+                self.last_read = int(exc.extra["earliest_sequence"]) - 1
+                continue
+            except NotFound:
+                for subscription in list(self._subscribers):
+                    subscription.stream_gone()
+                return
+            finally:
+                self.reads += 1
+            if page.records or (page.closed and not self._closed_announced):
+                self._closed_announced = page.closed
+                batch = LiveBatch(page.records, page.latest_sequence, page.closed)
+                for subscription in list(self._subscribers):
+                    subscription.offer(batch)
+                if page.records:
+                    self.last_read = page.records[-1].sequence
+            if len(page.records) < self._page:
+                return

@@ -1,0 +1,105 @@
+"""The entry point of live delivery: subscribe to a stream in this process.
+
+Keeps at most one ``StreamFollower`` per stream, created with the first subscriber and
+stopped with the last, all woken by the process's one ``NotificationHub``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import partial
+
+import asyncpg
+
+from ductor_streams.errors import NotFound
+from ductor_streams.live.config import LiveSettings
+from ductor_streams.live.follower import StreamFollower
+from ductor_streams.live.hub import NotificationHub
+from ductor_streams.live.subscription import Subscription
+from ductor_streams.schema import QUERIES
+from ductor_streams.store.models import Page
+from ductor_streams.store.read import read_page
+
+
+class Followers:
+    """Subscriptions of this process, one follower per followed stream."""
+
+    def __init__(
+        self, pool: asyncpg.Pool, hub: NotificationHub, settings: LiveSettings | None = None
+    ) -> None:
+        self._pool = pool
+        self._hub = hub
+        self.settings = settings or LiveSettings()
+        self._followers: dict[int, StreamFollower] = {}
+        self.detected_by = f"live@{socket.gethostname()}:{os.getpid()}"
+
+    async def subscribe(self, stream_pk: int, cursor: int) -> Subscription:
+        """Register a subscriber after ``cursor``, then read its first page.
+
+        Raises what a read with that cursor raises (CursorInFuture, CursorExpired,
+        NotFound), before anything is sent; the caller must ``release`` the returned
+        subscription when done with it.
+        """
+        follower = self._followers.get(stream_pk)
+        if follower is None:
+            latest = await self._pool.fetchval(QUERIES["live_stream_latest"], stream_pk)
+            if latest is None:
+                raise NotFound("stream does not exist")
+            follower = self._followers.get(stream_pk)  # another subscriber may have won
+            if follower is None:
+                follower = StreamFollower(
+                    stream_pk,
+                    start_after=int(latest),
+                    hub=self._hub,
+                    read=self._read,
+                    page_records=self.settings.page_records,
+                )
+                self._followers[stream_pk] = follower
+                follower.start()
+        subscription = Subscription(
+            cursor,
+            read=partial(self._read, stream_pk),
+            record_gap=partial(self._record_gap, stream_pk),
+            buffer_records=self.settings.buffer_records,
+            page_records=self.settings.page_records,
+        )
+        follower.add(subscription)  # registered BEFORE the first read: nothing slips by
+        try:
+            await subscription.prime()
+        except BaseException:
+            self.release(stream_pk, subscription)
+            raise
+        return subscription
+
+    def release(self, stream_pk: int, subscription: Subscription) -> None:
+        """Unregister a subscription; the last one out stops the stream's follower."""
+        follower = self._followers.get(stream_pk)
+        if follower is not None and follower.remove(subscription):
+            follower.stop()
+            del self._followers[stream_pk]
+
+    def follower(self, stream_pk: int) -> StreamFollower | None:
+        return self._followers.get(stream_pk)
+
+    async def close(self) -> None:
+        followers, self._followers = list(self._followers.values()), {}
+        for follower in followers:
+            follower.stop()
+        for follower in followers:
+            await follower.wait_stopped()
+
+    async def _read(self, stream_pk: int, after: int, limit: int) -> Page:
+        return await read_page(self._pool, stream_pk, after, limit)
+
+    async def _record_gap(
+        self, stream_pk: int, expected: int, received: int, repaired: int
+    ) -> None:
+        await self._pool.execute(
+            QUERIES["gap_evidence_insert"],
+            stream_pk,
+            expected,
+            received,
+            repaired,
+            self.detected_by,
+        )

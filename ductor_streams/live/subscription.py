@@ -1,0 +1,219 @@
+"""One subscriber's continuity loop: backfill, follow, drop duplicates, repair gaps.
+
+A ``Subscription`` is registered with its stream's follower BEFORE its first read, so
+every record committed after registration reaches its buffer (the follower reads after
+each wake and fans out to everyone registered). What it sends is therefore the union
+of its own Postgres reads and the fanned-out batches, filtered to ``sequence >
+last_sent`` and checked for contiguity:
+
+- a record at or below ``last_sent`` is a duplicate and is dropped;
+- a batch that starts above ``last_sent + 1`` reveals a gap: the missing range is read
+  from Postgres (and recorded as gap evidence) before anything after it is sent;
+- when the buffer would pass its bound, it is emptied and the subscriber reads from
+  Postgres until it has caught up; the follower is never slowed down by it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Awaitable, Callable
+
+from ductor_streams.errors import CursorExpired, NotFound
+from ductor_streams.live.events import End, Expired, Gone, LiveBatch, Terminal
+from ductor_streams.store.models import Page
+
+log = logging.getLogger(__name__)
+
+PageReader = Callable[[int, int], Awaitable[Page]]
+"""``read(after, limit)``: records with ``sequence > after`` (store.read.read_page)."""
+
+GapRecorder = Callable[[int, int, int], Awaitable[None]]
+"""``record(expected, received, repaired_records)``: keeps gap evidence."""
+
+# How many records one call of ``next`` may hand out from the buffer at once.
+MAX_DELIVERY_RECORDS = 2000
+
+
+class Subscription:
+    """Everything after ``cursor``, once each, ascending; see the module docstring."""
+
+    def __init__(
+        self,
+        cursor: int,
+        *,
+        read: PageReader,
+        record_gap: GapRecorder,
+        buffer_records: int,
+        page_records: int,
+    ) -> None:
+        self.last_sent = cursor
+        self._read = read
+        self._record_gap = record_gap
+        self._limit = buffer_records
+        self._page = page_records
+        self._buffer: deque[LiveBatch] = deque()
+        self._buffered = 0
+        self._ready = asyncio.Event()
+        self._overflowed = False
+        self._catching_up = True
+        self._closed_at: int | None = None
+        self._terminal: Terminal | None = None
+        self._finished = False
+        self._pending: list[LiveBatch] = []
+        self.overflows = 0
+        self.gaps = 0
+        self.postgres_reads = 0
+
+    # -- the follower's side: never blocks, never awaits ---------------------------------
+
+    def offer(self, batch: LiveBatch) -> None:
+        """Take a fanned-out batch; on overflow drop the buffer and read Postgres later."""
+        if self._finished or self._overflowed:
+            return
+        size = max(1, len(batch.records))
+        if self._buffered + size > self._limit:
+            self._buffer.clear()
+            self._buffered = 0
+            self._overflowed = True
+            self.overflows += 1
+            log.info("live subscriber buffer overflowed; it falls back to Postgres reads")
+        else:
+            self._buffer.append(batch)
+            self._buffered += size
+        self._ready.set()
+
+    def stream_gone(self) -> None:
+        """The follower found the stream deleted."""
+        if self._terminal is None:
+            self._terminal = Gone()
+        self._ready.set()
+
+    # -- the edge's side ------------------------------------------------------------------
+
+    async def prime(self) -> None:
+        """The first read (the backfill's first page), done before the edge starts its
+        response: raises CursorInFuture / CursorExpired / NotFound for a bad cursor."""
+        page = await self._read_page(self.last_sent, self._page)
+        self._catching_up = len(page.records) >= self._page
+        self._pending = self._take_page(page)
+
+    async def next(self, idle_timeout: float | None = None) -> list[LiveBatch] | Terminal | None:
+        """The next batches to send, a terminal event (after which there is nothing
+        more), or ``None`` when nothing arrived within ``idle_timeout`` seconds."""
+        if self._pending:
+            pending, self._pending = self._pending, []
+            return pending
+        while True:
+            if self._finished:
+                raise RuntimeError("the subscription has ended")
+            if self._terminal is not None:
+                return self._finish(self._terminal)
+            if self._overflowed:
+                self._overflowed = False
+                self._catching_up = True
+            if self._catching_up:
+                try:
+                    page = await self._read_page(self.last_sent, self._page)
+                except CursorExpired as exc:
+                    return self._finish(Expired(exc))
+                except NotFound:
+                    return self._finish(Gone())
+                self._catching_up = len(page.records) >= self._page
+                batches = self._take_page(page)
+                if batches:
+                    return batches
+                continue
+            if self._closed_at is not None and self.last_sent >= self._closed_at:
+                return self._finish(End(self._closed_at))
+            if not self._buffer:
+                self._ready.clear()
+                try:
+                    await asyncio.wait_for(self._ready.wait(), idle_timeout)
+                except TimeoutError:
+                    return None
+                continue
+            delivery = await self._from_buffer()
+            if isinstance(delivery, Expired | Gone):
+                return self._finish(delivery)
+            if delivery:
+                return delivery
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def _finish(self, terminal: Terminal) -> Terminal:
+        self._finished = True
+        self._buffer.clear()
+        self._buffered = 0
+        return terminal
+
+    def _note_bounds(self, closed: bool, latest: int) -> None:
+        if closed:
+            self._closed_at = latest
+
+    def _take_page(self, page: Page) -> list[LiveBatch]:
+        self._note_bounds(page.closed, page.latest_sequence)
+        if not page.records:
+            return []
+        self.last_sent = page.records[-1].sequence
+        return [LiveBatch(page.records, page.latest_sequence, page.closed)]
+
+    async def _read_page(self, after: int, limit: int) -> Page:
+        self.postgres_reads += 1
+        return await self._read(after, limit)
+
+    async def _from_buffer(self) -> list[LiveBatch] | Expired | Gone:
+        out: list[LiveBatch] = []
+        count = 0
+        while self._buffer and not self._overflowed and count < MAX_DELIVERY_RECORDS:
+            batch = self._buffer.popleft()
+            self._buffered -= max(1, len(batch.records))
+            self._note_bounds(batch.closed, batch.latest_sequence)
+            records = batch.records
+            if not records or records[-1].sequence <= self.last_sent:
+                continue  # nothing new: a duplicate of what was already sent
+            if records[0].sequence <= self.last_sent:
+                skip = self.last_sent - records[0].sequence + 1
+                batch = LiveBatch(records[skip:], batch.latest_sequence, batch.closed)
+                records = batch.records
+            if records[0].sequence != self.last_sent + 1:
+                # A gap: put the batch back and fill the hole from Postgres first.
+                self._buffer.appendleft(batch)
+                self._buffered += len(records)
+                if out:
+                    return out
+                return await self._repair(records[0].sequence)
+            out.append(batch)
+            count += len(records)
+            self.last_sent = records[-1].sequence
+        return out
+
+    async def _repair(self, received: int) -> list[LiveBatch] | Expired | Gone:
+        expected = self.last_sent + 1
+        batches: list[LiveBatch] = []
+        try:
+            while self.last_sent + 1 < received:
+                page = await self._read_page(
+                    self.last_sent, min(received - 1 - self.last_sent, self._page)
+                )
+                if not page.records:
+                    break  # cannot happen while sequences have no holes; never spin
+                batches.extend(self._take_page(page))
+        except CursorExpired as exc:
+            return Expired(exc)
+        except NotFound:
+            return Gone()
+        self.gaps += 1
+        repaired = self.last_sent + 1 - expected
+        log.warning(
+            "live delivery gap repaired from Postgres",
+            extra={"expected_sequence": expected, "received_sequence": received},
+        )
+        try:
+            await self._record_gap(expected, received, repaired)
+        except Exception:  # evidence is best effort; delivery goes on
+            log.exception("could not record gap evidence")
+        return batches
