@@ -257,8 +257,36 @@ class ObjectExpired(StreamsError):
     status = 410
 
 
+class ObjectCommitted(StreamsError):
+    """The object is already committed; its bytes can no longer change."""
+
+    code = "object_committed"
+    status = 409
+
+
+class ObjectPruned(StreamsError):
+    """Retention removed the object's record, and with it the object."""
+
+    code = "object_pruned"
+    status = 410
+
+
 class DeliveryNotRetryable(StreamsError):
     """Only a dead delivery can be retried."""
 
     code = "delivery_not_dead"
     status = 409
+
+
+class InvalidFilter(StreamsError):
+    """An operator filter is unknown or malformed."""
+
+    code = "invalid_filter"
+    status = 400
+
+
+class InvalidPage(StreamsError):
+    """The page token is not one this endpoint gave out."""
+
+    code = "invalid_page"
+    status = 400
