@@ -12,8 +12,15 @@ from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
 from ductor_streams.config import Settings
-from ductor_streams.http import health, routes_consumers, routes_records, routes_streams
-from ductor_streams.http import routes_subscribe
+from ductor_streams.http import (
+    health,
+    routes_consumers,
+    routes_metrics,
+    routes_ops,
+    routes_records,
+    routes_streams,
+    routes_subscribe,
+)
 from ductor_streams.http.access import authorize
 from ductor_streams.http.problems import handle_exception
 from ductor_streams.live.hub import NotificationHub
@@ -28,6 +35,7 @@ API_ROUTES: list[Any] = [
     *routes_records.ROUTES,
     *routes_consumers.ROUTES,
     *routes_subscribe.ROUTES,
+    *routes_ops.ROUTES,
 ]
 
 Service = Callable[[Litestar], contextlib.AbstractAsyncContextManager[None]]
@@ -61,7 +69,12 @@ def create_app(
 
     api = Router(path=API_MOUNT, route_handlers=API_ROUTES, guards=[authorize])
     return Litestar(
-        route_handlers=[api, *health.ROUTES],
+        route_handlers=[
+            api,
+            *health.ROUTES,
+            *routes_metrics.ROUTES,
+            *routes_ops.page_routes(API_MOUNT),
+        ],
         lifespan=[store_lifespan],
         exception_handlers={Exception: handle_exception},
         state=_state(settings),
