@@ -5,10 +5,6 @@ Knows nothing of HTTP or Temporal; the edges (``http``, ``activities``) call ``S
 
 from __future__ import annotations
 
-import asyncio
-import time
-from typing import Any
-
 import asyncpg
 
 from ductor_streams.definitions import StreamDefinition
@@ -16,6 +12,7 @@ from ductor_streams.errors import CreditExhausted
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.store import acks, streams
 from ductor_streams.store.append import Appender
+from ductor_streams.store.credit_wait import append_blocking, never_fits
 from ductor_streams.store.encoding import EncodedBatch, encode_batch
 from ductor_streams.store.models import (
     AppendResult,
@@ -26,6 +23,7 @@ from ductor_streams.store.models import (
     StreamState,
 )
 from ductor_streams.store.read import read_page
+from ductor_streams.store.wakes import WakeSender
 
 __all__ = [
     "AppendResult",
@@ -53,7 +51,8 @@ class Store:
         self.pool = pool
         self.hub = hub
         self.directory = streams.StreamDirectory(pool)
-        self.appender = Appender(pool)
+        self.wakes = WakeSender(pool)
+        self.appender = Appender(pool, self.wakes)
         self._poll_interval = poll_interval
 
     async def create_stream(
@@ -71,34 +70,27 @@ class Store:
         """Append one request under the stream's credit policy.
 
         Policy ``block`` waits up to ``block_timeout_ms`` for acks to free credit,
-        re-deciding under the row lock after each wake; then CreditExhausted as for
-        ``reject``.
+        re-deciding under the row lock after each wake (store/credit_wait.py); then
+        CreditExhausted as for ``reject``.
         """
         credit = ref.definition.credit
-        if credit.on_unread_full != "block" or credit.block_timeout_ms <= 0:
-            return await self.appender.append(ref.stream_pk, batch)
-        deadline = time.monotonic() + credit.block_timeout_ms / 1000
-        while True:
-            with self._wakes(ref.stream_pk) as woken:
-                try:
-                    return await self.appender.append(ref.stream_pk, batch)
-                except CreditExhausted:
-                    remaining = deadline - time.monotonic()
-                    if remaining <= 0:
-                        raise
-                    timeout = (
-                        remaining if self.hub is not None else min(remaining, self._poll_interval)
-                    )
-                    try:
-                        await asyncio.wait_for(woken.wait(), timeout)
-                    except TimeoutError:
-                        if time.monotonic() >= deadline:
-                            raise CreditExhausted() from None
-
-    def _wakes(self, stream_pk: int) -> Any:
-        if self.hub is not None:
-            return self.hub.watch(stream_pk)
-        return _never_set()
+        try:
+            if credit.on_unread_full != "block" or credit.block_timeout_ms <= 0:
+                return await self.appender.append(ref.stream_pk, batch)
+            return await append_blocking(
+                self.appender,
+                self.hub,
+                ref,
+                batch,
+                wait_seconds=credit.block_timeout_ms / 1000,
+                poll_interval=self._poll_interval,
+            )
+        except CreditExhausted:
+            if never_fits(ref, batch):
+                raise CreditExhausted(
+                    "the batch alone is larger than the stream's unread ceiling; split it"
+                ) from None
+            raise
 
     async def read(self, ref: StreamRef, cursor: int, limit: int) -> Page:
         return await read_page(self.pool, ref.stream_pk, cursor, limit)
@@ -114,13 +106,3 @@ class Store:
     ) -> StreamState:
         await streams.set_legal_hold(self.pool, ref, enabled, reason)
         return await self.state(ref)
-
-
-class _never_set:
-    """Stand-in for a hub watch: an event nobody sets (the caller polls)."""
-
-    def __enter__(self) -> asyncio.Event:
-        return asyncio.Event()
-
-    def __exit__(self, *exc: object) -> None:
-        return None

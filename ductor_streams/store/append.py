@@ -5,6 +5,9 @@ queue up and go together in the next call of ``workflow_streams.append_requests`
 which decides each request exactly as if it were alone, in arrival order (its own
 sequences, receipt, credit, quota and close check). One round trip under the row lock
 is the per-stream limit (DESIGN.md "Speed"), so sharing it multiplies throughput.
+
+The group's transaction carries no NOTIFY: once it has committed, the stream's wake is
+announced through ``WakeSender`` (store/wakes.py), coalesced with other streams' wakes.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import translate_db_error
 from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.models import AppendResult
+from ductor_streams.store.wakes import WakeSender
 
 # A group never holds more than this many records, so one transaction stays short.
 MAX_GROUP_RECORDS = 5_000
@@ -64,9 +68,10 @@ def outcome_to_result(outcome: Outcome) -> AppendResult:
 class Appender:
     """Appends encoded batches to streams, grouping concurrent ones per stream."""
 
-    def __init__(self, pool: asyncpg.Pool) -> None:
+    def __init__(self, pool: asyncpg.Pool, wakes: WakeSender | None = None) -> None:
         self._pool = pool
         self._lanes: dict[int, _Lane] = {}
+        self.wakes = wakes if wakes is not None else WakeSender(pool)
 
     async def append(self, stream_pk: int, batch: EncodedBatch) -> AppendResult:
         """Append one request; raises the domain error the request alone would get."""
@@ -96,6 +101,12 @@ class Appender:
                     group.append(item)
                     records += item[0].count
                 await self._run_group(stream_pk, group)
+        except BaseException as exc:
+            # Cancelled (shutdown): nobody will drain what is still queued; fail it
+            # rather than leave its callers waiting forever. Nothing of it was sent.
+            while lane.pending:
+                _settle(lane.pending.popleft()[1], exc)
+            raise
         finally:
             lane.draining = False
             if not lane.pending:
@@ -120,6 +131,9 @@ class Appender:
             if not isinstance(exc, Exception):
                 raise
             return
+        if any(outcome[0] == "appended" for outcome in outcomes):
+            # The statement returned, so the group's transaction has committed.
+            self.wakes.announce(f"r{stream_pk}")
         for (_, future), outcome in zip(group, outcomes, strict=True):
             if not future.done():
                 future.set_result(outcome)
@@ -133,7 +147,7 @@ class Appender:
             sizes.extend(batch.sizes)
             objects.extend(batch.objects)
         rows = await self._pool.fetch(
-            QUERIES["records_append"],
+            QUERIES["records_append_group"],
             stream_pk,
             [b.count for b in batches],
             [b.idempotency_key for b in batches],
@@ -146,5 +160,9 @@ class Appender:
 
 
 def _settle(future: asyncio.Future[Outcome], exc: BaseException) -> None:
-    if not future.done():
+    if future.done():
+        return
+    if isinstance(exc, asyncio.CancelledError):
+        future.cancel()
+    else:
         future.set_exception(exc)
