@@ -16,12 +16,15 @@ class LiveSettings:
     ``keepalive_seconds``: idle time after which an SSE comment is sent (the contract
     asks for one at least every 15 s). ``buffer_records``: records a subscriber may
     hold in memory before it falls back to reading from Postgres. ``page_records``:
-    records per backfill / repair / follower read.
+    records per backfill / repair / follower read. ``poll_seconds``: a follower also
+    reads when no wake came for this long, so a lost notification (e.g. a writer that
+    died between its commit and its NOTIFY) delays delivery but never stalls it.
     """
 
     keepalive_seconds: float = 10.0
     buffer_records: int = 4096
     page_records: int = 500
+    poll_seconds: float = 5.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> LiveSettings:
@@ -36,6 +39,9 @@ class LiveSettings:
             ),
             page_records=int(
                 _number(env, "DUCTOR_STREAMS_SSE_PAGE_RECORDS", defaults.page_records, 1, 1000)
+            ),
+            poll_seconds=_number(
+                env, "DUCTOR_STREAMS_LIVE_POLL_SECONDS", defaults.poll_seconds, 0.05, 3600
             ),
         )
 

@@ -43,6 +43,7 @@ class StreamFollower:
         hub: NotificationHub,
         read: Reader,
         page_records: int,
+        poll_seconds: float | None = None,
         retry_delay: float = 0.2,
     ) -> None:
         self.stream_pk = stream_pk
@@ -50,6 +51,7 @@ class StreamFollower:
         self._hub = hub
         self._read = read
         self._page = page_records
+        self._poll_seconds = poll_seconds
         self._retry_delay = retry_delay
         self._subscribers: dict[Subscription, None] = {}
         self._wake = asyncio.Event()
@@ -93,7 +95,10 @@ class StreamFollower:
 
     async def _run(self) -> None:
         while True:
-            await self._wake.wait()
+            try:
+                await asyncio.wait_for(self._wake.wait(), self._poll_seconds)
+            except TimeoutError:
+                pass  # a safety net: a wake lost between commit and LISTEN costs a delay only
             self._wake.clear()
             if self._stopped:
                 return

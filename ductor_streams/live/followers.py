@@ -54,6 +54,7 @@ class Followers:
                     hub=self._hub,
                     read=self._read,
                     page_records=self.settings.page_records,
+                    poll_seconds=self.settings.poll_seconds,
                 )
                 self._followers[stream_pk] = follower
                 follower.start()

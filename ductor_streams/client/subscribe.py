@@ -1,0 +1,79 @@
+"""The resumable subscription behind ``StreamsClient.subscribe``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
+
+import httpx
+from httpx_sse import aconnect_sse
+
+from ductor_streams.client.errors import ConnectionLostError, error_from
+
+if TYPE_CHECKING:
+    from ductor_streams.client.api import Record, StreamsClient
+
+# Answers after which trying again later can succeed; every other problem is final.
+_RETRYABLE = {502, 503, 504}
+
+
+class _Dropped(Exception):
+    """The connection ended without ``end``: reconnect."""
+
+
+async def follow(
+    client: StreamsClient,
+    path: str,
+    cursor: int,
+    *,
+    reconnect_budget: float,
+    idle_timeout: float,
+) -> AsyncIterator[Record]:
+    from ductor_streams.client.api import Record
+
+    last = cursor
+    delay = 0.1
+    down_since: float | None = None
+    timeout = httpx.Timeout(10.0, read=idle_timeout)
+    while True:
+        try:
+            headers = {**client.auth_headers, "Last-Event-ID": str(last)}
+            async with aconnect_sse(
+                client.http, "GET", client.url(path), headers=headers, timeout=timeout
+            ) as source:
+                response = source.response
+                if response.status_code != 200:
+                    await response.aread()
+                    try:
+                        problem = response.json()
+                    except ValueError:
+                        problem = {"code": "http_error", "detail": response.text[:200]}
+                    error = error_from(response.status_code, problem)
+                    if response.status_code in _RETRYABLE:
+                        raise _Dropped() from error
+                    raise error
+                down_since, delay = None, 0.1
+                async for event in source.aiter_sse():
+                    if event.event == "record":
+                        record = Record.from_json(json.loads(event.data))
+                        if record.sequence <= last:
+                            continue  # never repeat, whatever happens to the connection
+                        last = record.sequence
+                        yield record
+                    elif event.event == "end":
+                        return
+                    elif event.event == "error":
+                        raise error_from(410, json.loads(event.data))
+                raise _Dropped()
+        except (httpx.TransportError, _Dropped) as exc:
+            now = time.monotonic()
+            down_since = down_since or now
+            if now - down_since > reconnect_budget:
+                raise ConnectionLostError(
+                    f"no connection to the stream for {reconnect_budget:g} s"
+                ) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
