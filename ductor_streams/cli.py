@@ -39,8 +39,19 @@ def _parser() -> argparse.ArgumentParser:
     token.add_argument("--ttl", type=int, default=3600, help="seconds (default 3600)")
 
     outbox = sub.add_parser("outbox", help="operator view of input delivery")
-    outbox.add_argument("action", nargs="?", default="list", choices=["list", "show", "retry"])
+    outbox.add_argument(
+        "action", nargs="?", default="list", choices=["list", "show", "retry", "summary", "gaps"]
+    )
     outbox.add_argument("delivery_id", nargs="?", type=int)
+    outbox.add_argument("--state", help="pending, retrying, delivered or dead")
+    outbox.add_argument("--run", help="run ID")
+    outbox.add_argument("--stream", help="stream ID")
+    outbox.add_argument("--tenant", help="one tenant only (default: every tenant)")
+    outbox.add_argument("--older-than", metavar="SECONDS", help="created at least this long ago")
+    outbox.add_argument("--limit", help="rows per page, 1-1000 (default 100)")
+    outbox.add_argument("--page", help="the page token a previous list printed")
+    outbox.add_argument("--by", help="who retries (default cli:<user>@<host>), for the audit")
+    outbox.add_argument("--json", action="store_true", help="print JSON, as the HTTP API does")
 
     dev = sub.add_parser("dev", help="zero-config local stack: Postgres, Temporal, app, workers")
     dev.add_argument("--port", type=int, default=8000)
@@ -89,10 +100,22 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         from ductor_streams.serve import serve
 
         return serve(settings, host=args.host, port=args.port, workers=not args.no_workers)
+    if args.command == "workers":
+        from ductor_streams.worker_process import run_workers
+
+        return run_workers(settings)
+    if args.command == "prune":
+        from ductor_streams.maintenance.command import prune_once
+
+        return prune_once(settings)
     if args.command == "dev":
         from ductor_streams.dev import run_dev
 
         return run_dev(settings, port=args.port, data_dir=args.data_dir)
+    if args.command == "outbox":
+        from ductor_streams.ops.cli_outbox import run_outbox
+
+        return run_outbox(settings, args)
     raise ConfigError(f"`{args.command}` is not available in this build yet")
 
 

@@ -18,6 +18,22 @@ WorkerFactory = Callable[[Any], contextlib.AbstractAsyncContextManager[None]]
 def worker_services(settings: Settings) -> list[WorkerFactory]:
     """The workers this deployment runs (dispatcher, maintenance), in start order."""
     services: list[WorkerFactory] = []
+    # Input delivery needs Temporal; without an address it is off (and said so), so that
+    # a deployment without input streams runs the other workers alone.
+    if settings.temporal_address:
+        from ductor_streams.delivery.service import dispatcher_service
+
+        services.append(dispatcher_service)
+    else:
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "input delivery is off: DUCTOR_STREAMS_TEMPORAL_ADDRESS is not set"
+        )
+    # Upkeep (retention, expiry, orphans, deletions) needs only Postgres and the stores.
+    from ductor_streams.maintenance import maintenance_worker
+
+    services.append(maintenance_worker(settings))
     return services
 
 

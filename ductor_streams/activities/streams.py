@@ -1,0 +1,123 @@
+"""Thin activities over the Store: create, append, close, ack, read.
+
+Each one turns its dataclass input into one Store call, inside ``domain_errors()`` (the
+single domain -> ApplicationError mapping). The tenant is the plugin's
+(``DUCTOR_STREAMS_TENANT``); the run is named by the caller, normally the calling
+workflow's ID (the helpers pass ``workflow.info().workflow_id``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from temporalio import activity
+
+from ductor_streams.activities import models
+from ductor_streams.activities.errors import domain_errors
+from ductor_streams.config import Settings
+from ductor_streams.definitions import parse_definition
+from ductor_streams.store import Store, StreamKey, encode_batch
+from ductor_streams.store.db import create_pool
+
+
+class StreamsActivities:
+    """The activities, bound to one store. ``lifetime()`` opens and closes its pool."""
+
+    def __init__(self, settings: Settings, *, store: Store | None = None) -> None:
+        self._settings = settings
+        self._store = store
+
+    @property
+    def store(self) -> Store:
+        if self._store is None:
+            raise RuntimeError("StreamsActivities used outside its lifetime() (no store)")
+        return self._store
+
+    @contextlib.asynccontextmanager
+    async def lifetime(self) -> AsyncIterator[None]:
+        """Open a pool for the worker's life (the plugin's ``run_context``)."""
+        if self._store is not None:
+            yield
+            return
+        pool = await create_pool(self._settings.require_database(), min_size=1, max_size=10)
+        self._store = Store(pool)
+        try:
+            yield
+        finally:
+            self._store = None
+            await pool.close()
+
+    def all(self) -> list[Callable[..., Any]]:
+        """Every activity, for ``Worker(activities=...)`` or a plugin."""
+        return [self.create_stream, self.append, self.close, self.ack, self.read]
+
+    def _key(self, run_id: str, stream_id: str) -> StreamKey:
+        return StreamKey(self._settings.tenant, run_id, stream_id)
+
+    @activity.defn(name=models.CREATE_STREAM)
+    async def create_stream(self, request: models.CreateStreamInput) -> models.CreateStreamResult:
+        """Create the stream, or find it when the same definition exists (idempotent)."""
+        with domain_errors():
+            definition = parse_definition(
+                request.definition,
+                region=self._settings.region,
+                object_store_regions=self._settings.object_store_regions,
+            )
+            ref, created = await self.store.create_stream(
+                self._key(request.run_id, definition.stream_id), definition
+            )
+            state = await self.store.state(ref)
+        return models.CreateStreamResult(
+            stream_id=definition.stream_id,
+            created=created,
+            definition=ref.definition.to_json_dict(),
+            latest_sequence=state.latest_sequence,
+        )
+
+    @activity.defn(name=models.APPEND)
+    async def append(self, request: models.AppendInput) -> models.AppendResult:
+        """Append one batch; the same idempotency key and body again returns the original."""
+        with domain_errors():
+            batch = encode_batch(request.payloads, idempotency_key=request.idempotency_key)
+            ref = await self.store.get_stream(self._key(request.run_id, request.stream_id))
+            result = await self.store.append(ref, batch)
+        return models.AppendResult(result.first_sequence, result.last_sequence, result.replayed)
+
+    @activity.defn(name=models.CLOSE)
+    async def close(self, request: models.CloseInput) -> models.CloseResult:
+        with domain_errors():
+            ref = await self.store.get_stream(self._key(request.run_id, request.stream_id))
+            return models.CloseResult(await self.store.close(ref))
+
+    @activity.defn(name=models.ACK)
+    async def ack(self, request: models.AckInput) -> models.AckResult:
+        with domain_errors():
+            ref = await self.store.get_stream(self._key(request.run_id, request.stream_id))
+            acked = await self.store.ack(ref, request.consumer_id, request.sequence)
+        return models.AckResult(acked)
+
+    @activity.defn(name=models.READ)
+    async def read(self, request: models.ReadInput) -> models.ReadResult:
+        """Records after the cursor, unredacted: the run reads its own streams."""
+        with domain_errors():
+            ref = await self.store.get_stream(self._key(request.run_id, request.stream_id))
+            page = await self.store.read(ref, request.cursor, max(1, min(request.limit, 1000)))
+        return models.ReadResult(
+            records=[
+                models.StreamRecord(
+                    stream_id=request.stream_id,
+                    sequence=r.sequence,
+                    payload=json.loads(r.payload),
+                    object=r.object,
+                    appended_at=r.appended_at.isoformat(),
+                )
+                for r in page.records
+            ],
+            next_cursor=page.next_cursor,
+            earliest_sequence=page.earliest_sequence,
+            latest_sequence=page.latest_sequence,
+            closed=page.closed,
+        )

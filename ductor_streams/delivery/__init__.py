@@ -1,0 +1,29 @@
+"""Input delivery: the outbox dispatcher and the wait-service interface it delivers through.
+
+The dispatcher (``delivery.dispatcher``) is core code: it knows the ``WaitService``
+interface only. ``delivery.temporal`` implements it with a Temporal signal and
+``delivery.service`` runs a dispatcher inside ``serve``/``workers``.
+"""
+
+from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
+from ductor_streams.delivery.wait_service import (
+    INPUT_SIGNAL,
+    DeliveryFailed,
+    InputEvent,
+    RunGone,
+    RunNotFound,
+    WaitService,
+    event_id,
+)
+
+__all__ = [
+    "INPUT_SIGNAL",
+    "DeliveryFailed",
+    "Dispatcher",
+    "DispatcherConfig",
+    "InputEvent",
+    "RunGone",
+    "RunNotFound",
+    "WaitService",
+    "event_id",
+]

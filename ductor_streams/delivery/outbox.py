@@ -1,0 +1,88 @@
+"""The input delivery rows in Postgres: claim with a lease, record each outcome."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+
+from ductor_streams.delivery.wait_service import InputEvent
+from ductor_streams.schema import QUERIES
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedDelivery:
+    """One leased delivery row with the record it carries."""
+
+    delivery_id: int
+    stream_pk: int
+    attempts: int
+    created_at: datetime
+    event: InputEvent
+
+
+async def claim(
+    pool: asyncpg.Pool,
+    *,
+    owner: str,
+    tenant: str,
+    lease_seconds: float,
+    max_streams: int,
+    per_stream: int,
+) -> dict[int, list[ClaimedDelivery]]:
+    """Lease due deliveries: ``{stream_pk: [deliveries in sequence order]}``."""
+    rows = await pool.fetch(
+        QUERIES["delivery_claim"], owner, lease_seconds, max_streams, per_stream, tenant
+    )
+    lanes: dict[int, list[ClaimedDelivery]] = {}
+    for row in rows:
+        payload = row["payload"]
+        event = InputEvent(
+            tenant=row["tenant"],
+            run_id=row["run_id"],
+            stream_id=row["stream_id"],
+            sequence=row["sequence"],
+            # A record pruned by retention before delivery arrives as null: its sequence
+            # still reaches the run, so nothing after it waits forever.
+            payload=json.loads(payload) if payload is not None else None,
+            object=json.loads(row["object"]) if row["object"] is not None else None,
+            appended_at=row["appended_at"].isoformat() if row["appended_at"] else None,
+        )
+        lanes.setdefault(row["stream_pk"], []).append(
+            ClaimedDelivery(
+                row["delivery_id"], row["stream_pk"], row["attempts"], row["created_at"], event
+            )
+        )
+    for deliveries in lanes.values():
+        deliveries.sort(key=lambda d: d.event.sequence)
+    return lanes
+
+
+async def mark_delivered(pool: asyncpg.Pool, delivery_ids: list[int]) -> None:
+    if delivery_ids:
+        await pool.execute(QUERIES["delivery_mark_delivered"], delivery_ids)
+
+
+async def mark_retrying(
+    pool: asyncpg.Pool, delivery_id: int, *, owner: str, error: str, delay: float
+) -> None:
+    await pool.execute(QUERIES["delivery_mark_retrying"], delivery_id, owner, error, delay)
+
+
+async def mark_dead(
+    pool: asyncpg.Pool, delivery_ids: list[int], *, attempted: int, error: str
+) -> None:
+    await pool.execute(QUERIES["delivery_mark_dead"], delivery_ids, attempted, error)
+
+
+async def release(pool: asyncpg.Pool, delivery_ids: list[int], *, owner: str) -> None:
+    if delivery_ids:
+        await pool.execute(QUERIES["delivery_release"], delivery_ids, owner)
+
+
+async def seconds_until_due(pool: asyncpg.Pool, tenant: str) -> float | None:
+    """Seconds until some stream's head is claimable; None when nothing is open."""
+    value = await pool.fetchval(QUERIES["delivery_next_due"], tenant)
+    return None if value is None else float(value)

@@ -1,0 +1,107 @@
+"""The dispatcher as a worker service of ``serve`` and ``workers`` (see ``workers.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+
+from ductor_streams.config import ConfigError, Settings
+from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
+from ductor_streams.schema import QUERIES
+
+log = logging.getLogger(__name__)
+
+
+def config_from_env(env: dict[str, str] | None = None) -> DispatcherConfig:
+    """Tuning knobs (not part of the contract): DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS,
+    _BATCH (deliveries per stream per round) and _STREAMS (streams per round).
+    DUCTOR_STREAMS_DELIVERY_OWNER names the lease owner (default host:random)."""
+    env = dict(os.environ) if env is None else env
+    defaults = DispatcherConfig()
+    try:
+        return DispatcherConfig(
+            lease_seconds=float(
+                env.get("DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS", defaults.lease_seconds)
+            ),
+            per_stream=int(env.get("DUCTOR_STREAMS_DELIVERY_BATCH", defaults.per_stream)),
+            max_streams=int(env.get("DUCTOR_STREAMS_DELIVERY_STREAMS", defaults.max_streams)),
+        )
+    except ValueError as exc:
+        raise ConfigError(f"a DUCTOR_STREAMS_DELIVERY_* setting is not a number: {exc}") from None
+
+
+class _InputWakes:
+    """Turns the hub's wakes into dispatcher wakes, for input streams only (an output
+    stream's appends create no deliveries). A stream's direction never changes."""
+
+    def __init__(self, pool: asyncpg.Pool, dispatcher: Dispatcher) -> None:
+        self._pool = pool
+        self._dispatcher = dispatcher
+        self._is_input: dict[int, bool] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def __call__(self, stream_pk: int) -> None:
+        known = self._is_input.get(stream_pk)
+        if stream_pk == 0 or known:
+            self._dispatcher.notify()
+        elif known is None:
+            task = asyncio.get_running_loop().create_task(self._learn(stream_pk))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _learn(self, stream_pk: int) -> None:
+        try:
+            is_input = await self._pool.fetchval(QUERIES["delivery_stream_is_input"], stream_pk)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            self._dispatcher.notify()
+            return
+        if is_input is None:
+            return
+        if len(self._is_input) > 100_000:
+            self._is_input.clear()
+        self._is_input[stream_pk] = bool(is_input)
+        if is_input:
+            self._dispatcher.notify()
+
+
+@contextlib.asynccontextmanager
+async def dispatcher_service(app: Any) -> AsyncIterator[None]:
+    """Run one dispatcher for ``app.state.settings.tenant`` while the block runs.
+
+    ``app`` is anything with ``.state.store`` and ``.state.settings`` (the Litestar app
+    in ``serve``, a plain holder in ``workers``).
+    """
+    from temporalio.client import Client
+
+    from ductor_streams.delivery.temporal import TemporalWaitService
+
+    settings: Settings = app.state.settings
+    store = app.state.store
+    client = await Client.connect(
+        settings.require_temporal(), namespace=settings.temporal_namespace
+    )
+    dispatcher = Dispatcher(
+        store.pool,
+        TemporalWaitService(client),
+        tenant=settings.tenant,
+        owner=os.environ.get("DUCTOR_STREAMS_DELIVERY_OWNER") or None,
+        config=config_from_env(),
+    )
+    hub = getattr(store, "hub", None)
+    undo = hub.subscribe_any(_InputWakes(store.pool, dispatcher)) if hub is not None else None
+    task = asyncio.get_running_loop().create_task(dispatcher.run(), name="input-dispatcher")
+    log.info("input dispatcher started", extra={"owner": dispatcher.owner})
+    try:
+        yield
+    finally:
+        if undo is not None:
+            undo()
+        dispatcher.stop()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

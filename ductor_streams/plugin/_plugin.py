@@ -1,0 +1,59 @@
+"""``StreamsPlugin``: a thin ``SimplePlugin`` for client and worker."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from temporalio.plugin import SimplePlugin
+from temporalio.worker import WorkflowRunner
+from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
+
+from ductor_streams.activities import StreamsActivities
+from ductor_streams.config import Settings
+
+PLUGIN_NAME = "ductor_streams.StreamsPlugin"
+
+
+def _pass_through(existing: WorkflowRunner | None) -> WorkflowRunner:
+    """Let workflow code import ``ductor_streams`` (the helpers) from outside the sandbox,
+    intentionally, so a strict import policy accepts it."""
+    if existing is None:
+        existing = SandboxedWorkflowRunner()
+    if isinstance(existing, SandboxedWorkflowRunner):
+        return dataclasses.replace(
+            existing, restrictions=existing.restrictions.with_passthrough_modules("ductor_streams")
+        )
+    return existing
+
+
+class StreamsPlugin(SimplePlugin):
+    """Registers the stream activities, the sandbox pass-through for the helpers, and
+    the activities' database pool for the life of the worker (or replayer).
+
+    Give it to the client (``Client.connect(..., plugins=[StreamsPlugin()])``); workers
+    made from that client pick it up. Configuration comes from the environment
+    (``DUCTOR_STREAMS_DATABASE_URL``, ``_TENANT``, ``_REGION``, ``_OBJECT_STORE``;
+    CONTRACT.md section 2) unless given here. The helpers need no data converter beyond
+    Temporal's default (their types are dataclasses), so the client's converter is kept.
+    """
+
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        database_url: str | None = None,
+        tenant: str | None = None,
+        region: str | None = None,
+        activities: StreamsActivities | None = None,
+    ) -> None:
+        settings = (settings or Settings.from_env()).with_overrides(
+            database_url=database_url, tenant=tenant, region=region
+        )
+        self.settings = settings
+        self.activities = activities or StreamsActivities(settings)
+        super().__init__(
+            PLUGIN_NAME,
+            activities=self.activities.all(),
+            workflow_runner=_pass_through,
+            run_context=self.activities.lifetime,
+        )

@@ -1,0 +1,128 @@
+-- Input delivery (the outbox of input records -> workflow signals). States:
+-- pending -> delivered | retrying | dead; retrying -> delivered | retrying | dead;
+-- dead -> pending (operator retry). See docs/delivery.md.
+
+-- name: delivery_claim
+-- Claims up to $3 streams' heads (the first open delivery of each stream) that are due
+-- and not leased, for tenant $5, then leases up to $4 open deliveries of each claimed
+-- stream, in sequence order, to owner $1 for $2 seconds.
+-- Order per stream holds because only a head can start a claim: while any earlier
+-- delivery of a stream is open (leased, locked by a concurrent claim, or backing off),
+-- no later one is claimable. FOR UPDATE SKIP LOCKED lets concurrent claimers pass each
+-- other; a head updated by a committed concurrent claim is re-checked (state, lease) and
+-- dropped.
+WITH RECURSIVE lanes AS (
+    (SELECT o.stream_pk, o.sequence
+       FROM workflow_streams.input_deliveries o
+      WHERE o.state IN ('pending', 'retrying')
+      ORDER BY o.stream_pk, o.sequence
+      LIMIT 1)
+    UNION ALL
+    SELECT n.stream_pk, n.sequence
+      FROM lanes l
+     CROSS JOIN LATERAL (
+            SELECT o.stream_pk, o.sequence
+              FROM workflow_streams.input_deliveries o
+             WHERE o.state IN ('pending', 'retrying') AND o.stream_pk > l.stream_pk
+             ORDER BY o.stream_pk, o.sequence
+             LIMIT 1) n
+), heads AS (
+    SELECT d.stream_pk, d.sequence
+      FROM workflow_streams.input_deliveries d
+      JOIN lanes l ON l.stream_pk = d.stream_pk AND l.sequence = d.sequence
+      JOIN workflow_streams.streams s ON s.stream_pk = d.stream_pk
+     WHERE s.tenant = $5
+       AND d.state IN ('pending', 'retrying')
+       AND d.next_attempt_at <= now()
+       AND (d.lease_expires_at IS NULL OR d.lease_expires_at <= now())
+     ORDER BY d.next_attempt_at, d.delivery_id
+     LIMIT $3
+       FOR UPDATE OF d SKIP LOCKED
+), batch AS (
+    SELECT b.delivery_id
+      FROM heads h
+     CROSS JOIN LATERAL (
+            SELECT o.delivery_id
+              FROM workflow_streams.input_deliveries o
+             WHERE o.stream_pk = h.stream_pk AND o.sequence >= h.sequence
+               AND o.state IN ('pending', 'retrying')
+             ORDER BY o.sequence
+             LIMIT $4) b
+)
+UPDATE workflow_streams.input_deliveries d
+   SET lease_owner = $1,
+       lease_expires_at = now() + make_interval(secs => $2)
+  FROM batch, workflow_streams.streams s
+ WHERE d.delivery_id = batch.delivery_id
+   AND s.stream_pk = d.stream_pk
+   AND d.state IN ('pending', 'retrying')
+RETURNING d.delivery_id, d.stream_pk, d.sequence, d.attempts, d.created_at,
+          s.run_id, s.stream_id, s.tenant,
+          (SELECT r.payload FROM workflow_streams.records r
+            WHERE r.stream_pk = d.stream_pk AND r.sequence = d.sequence) AS payload,
+          (SELECT r.object::text FROM workflow_streams.records r
+            WHERE r.stream_pk = d.stream_pk AND r.sequence = d.sequence) AS object,
+          (SELECT r.appended_at FROM workflow_streams.records r
+            WHERE r.stream_pk = d.stream_pk AND r.sequence = d.sequence) AS appended_at;
+
+-- name: delivery_mark_delivered
+-- Whoever sent the signal records it, even if its lease has passed to another owner:
+-- the signal was sent, and the helper in the workflow drops the repeat.
+UPDATE workflow_streams.input_deliveries
+   SET state = 'delivered', delivered_at = now(), attempts = attempts + 1,
+       last_error = NULL, lease_owner = NULL, lease_expires_at = NULL
+ WHERE delivery_id = ANY($1::bigint[]) AND state IN ('pending', 'retrying');
+
+-- name: delivery_mark_retrying
+-- One failed attempt of delivery $1 by owner $2: back off $4 seconds.
+UPDATE workflow_streams.input_deliveries
+   SET state = 'retrying', attempts = attempts + 1, last_error = $3,
+       next_attempt_at = now() + make_interval(secs => $4),
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE delivery_id = $1 AND lease_owner = $2 AND state IN ('pending', 'retrying');
+
+-- name: delivery_mark_dead
+-- Deliveries $1 can never succeed (the workflow is gone): visible to operators, who may
+-- re-queue them. Only the attempted one ($2) counts an attempt.
+UPDATE workflow_streams.input_deliveries
+   SET state = 'dead', last_error = $3,
+       attempts = attempts + CASE WHEN delivery_id = $2 THEN 1 ELSE 0 END,
+       lease_owner = NULL, lease_expires_at = NULL
+ WHERE delivery_id = ANY($1::bigint[]) AND state IN ('pending', 'retrying');
+
+-- name: delivery_release
+-- Gives back the unattempted rest of a claim (owner $2), untouched otherwise.
+UPDATE workflow_streams.input_deliveries
+   SET lease_owner = NULL, lease_expires_at = NULL
+ WHERE delivery_id = ANY($1::bigint[]) AND lease_owner = $2;
+
+-- name: delivery_next_due
+-- Seconds until the earliest stream head of tenant $1 becomes claimable (<= 0: now);
+-- NULL when nothing is open. Rows behind a head do not count: they wait for it.
+WITH RECURSIVE lanes AS (
+    (SELECT o.stream_pk, o.sequence
+       FROM workflow_streams.input_deliveries o
+      WHERE o.state IN ('pending', 'retrying')
+      ORDER BY o.stream_pk, o.sequence
+      LIMIT 1)
+    UNION ALL
+    SELECT n.stream_pk, n.sequence
+      FROM lanes l
+     CROSS JOIN LATERAL (
+            SELECT o.stream_pk, o.sequence
+              FROM workflow_streams.input_deliveries o
+             WHERE o.state IN ('pending', 'retrying') AND o.stream_pk > l.stream_pk
+             ORDER BY o.stream_pk, o.sequence
+             LIMIT 1) n
+)
+SELECT extract(epoch FROM min(greatest(d.next_attempt_at,
+                                       coalesce(d.lease_expires_at, d.next_attempt_at)))
+                           - now())::float8 AS seconds
+  FROM lanes l
+  JOIN workflow_streams.input_deliveries d ON d.stream_pk = l.stream_pk AND d.sequence = l.sequence
+  JOIN workflow_streams.streams s ON s.stream_pk = d.stream_pk
+ WHERE s.tenant = $1;
+
+-- name: delivery_stream_is_input
+-- Whether stream $1 is an input stream (only their appends create deliveries).
+SELECT direction = 'input' FROM workflow_streams.streams WHERE stream_pk = $1;

@@ -1,0 +1,69 @@
+"""EchoWorkflow: echoes every input record to the output stream (CONTRACT.md section 7).
+
+Started by type name ``EchoWorkflow`` with no arguments on task queue
+``ductor-streams-examples``; the workflow ID is the run ID of its streams. It creates
+input stream ``input`` and output stream ``output``; for each input record it appends
+``{"echo": <payload>}`` to ``output``, in order; on ``{"done": true}`` it closes
+``output`` and returns how many records it echoed.
+
+Run its worker from the repository root: ``python -m examples.workflows.echo``
+(``DUCTOR_STREAMS_TEMPORAL_ADDRESS``, default ``localhost:7233``, and
+``DUCTOR_STREAMS_DATABASE_URL`` say where Temporal and Postgres are).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from temporalio import workflow
+
+with workflow.unsafe.imports_passed_through():
+    from ductor_streams.plugin.workflow import Streams
+
+TASK_QUEUE = "ductor-streams-examples"
+
+
+def is_done(payload: Any) -> bool:
+    return isinstance(payload, dict) and payload.get("done") is True
+
+
+@workflow.defn(name="EchoWorkflow")
+class EchoWorkflow:
+    def __init__(self) -> None:
+        self.streams = Streams()
+
+    @workflow.run
+    async def run(self) -> int:
+        await self.streams.create("input", "input")
+        await self.streams.create("output", "output")
+        echoed = 0
+        while True:
+            # Everything that is ready goes out in one append: one activity per batch,
+            # not per record, and still in order.
+            batch = await self.streams.next_batch("input")
+            echoes: list[Any] = []
+            done = False
+            for record in batch:
+                if is_done(record.payload):
+                    done = True
+                    break
+                echoes.append({"echo": record.payload})
+            if echoes:
+                await self.streams.append_many("output", echoes)
+                echoed += len(echoes)
+            if done:
+                await self.streams.close("output")
+                await self.streams.flush_acks()
+                return echoed
+
+
+async def main() -> None:
+    from examples.run_worker import run_worker
+
+    await run_worker([EchoWorkflow])
+
+
+if __name__ == "__main__":
+    import asyncio
+
+    asyncio.run(main())

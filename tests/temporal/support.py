@@ -1,0 +1,65 @@
+"""Helpers of the Temporal tests: appends through the store, the delivery rows, a
+dispatcher in-process."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+from temporalio.client import Client
+
+from ductor_streams.delivery import Dispatcher, DispatcherConfig
+from ductor_streams.delivery.temporal import TemporalWaitService
+from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
+from tests.temporal.polling import eventually
+
+
+async def stream_ref(store: Store, tenant: str, run_id: str, stream_id: str) -> StreamRef:
+    """The stream once the workflow has created it."""
+    key = StreamKey(tenant, run_id, stream_id)
+    ref = await eventually(
+        lambda: store.directory.find(key), lambda r: r is not None, what=f"stream {stream_id}"
+    )
+    assert ref is not None
+    return ref
+
+
+async def append_inputs(store: Store, ref: StreamRef, numbers: list[int]) -> tuple[int, int]:
+    result = await store.append(ref, encode_batch([{"n": n} for n in numbers]))
+    return result.first_sequence, result.last_sequence
+
+
+async def deliveries(pool: asyncpg.Pool, ref: StreamRef) -> list[dict[str, Any]]:
+    rows = await pool.fetch(
+        "SELECT sequence, state, attempts, last_error, lease_owner, delivered_at"
+        "  FROM workflow_streams.input_deliveries WHERE stream_pk = $1 ORDER BY sequence",
+        ref.stream_pk,
+    )
+    return [dict(r) for r in rows]
+
+
+async def output_payloads(store: Store, ref: StreamRef) -> list[Any]:
+    import json
+
+    page = await store.read(ref, 0, 1000)
+    return [json.loads(r.payload) for r in page.records]
+
+
+@contextlib.asynccontextmanager
+async def running_dispatcher(
+    pool: asyncpg.Pool, client: Client, tenant: str, **config: Any
+) -> AsyncIterator[Dispatcher]:
+    """A dispatcher delivering through Temporal while the block runs (polls: no hub)."""
+    settings = {"idle_poll": 0.05, "lease_seconds": 10.0, **config}
+    dispatcher = Dispatcher(
+        pool, TemporalWaitService(client), tenant=tenant, config=DispatcherConfig(**settings)
+    )
+    task = asyncio.get_running_loop().create_task(dispatcher.run())
+    try:
+        yield dispatcher
+    finally:
+        dispatcher.stop()
+        await task
