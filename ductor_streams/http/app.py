@@ -16,6 +16,7 @@ from ductor_streams.http import (
     health,
     routes_consumers,
     routes_metrics,
+    routes_objects,
     routes_ops,
     routes_records,
     routes_streams,
@@ -36,6 +37,7 @@ API_ROUTES: list[Any] = [
     *routes_consumers.ROUTES,
     *routes_subscribe.ROUTES,
     *routes_ops.ROUTES,
+    *routes_objects.ROUTES,
 ]
 
 Service = Callable[[Litestar], contextlib.AbstractAsyncContextManager[None]]

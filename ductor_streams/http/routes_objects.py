@@ -1,0 +1,190 @@
+"""Large objects: prepare, upload (PUT content), commit, abort, state, download.
+
+The routes only translate; ``objects.intents.ObjectService`` does the work. Uploads are
+streamed (``request.stream()``), never read whole into memory.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+from litestar import Request, Response, get, post, put
+from litestar.exceptions import HTTPException
+from litestar.response import Stream
+
+from ductor_streams.errors import ObjectEvidenceMismatch
+from ductor_streams.http.access import check_egress, principal_of, stream_for
+from ductor_streams.http.codec import json_body, json_response
+from ductor_streams.http.routes_streams import STREAM
+from ductor_streams.objects import MAX_OBJECT_BYTES, BlobStores, ObjectIntent, PrepareRequest
+from ductor_streams.objects.intents import DEFAULT_INTENT_TTL_SECONDS, ObjectService
+
+OBJECTS = STREAM + "/objects"
+OBJECT = OBJECTS + "/{object_id:str}"
+TTL_ENV = "DUCTOR_STREAMS_OBJECT_INTENT_TTL"
+
+
+class PrepareBody(msgspec.Struct, forbid_unknown_fields=True):
+    idempotency_key: str
+    sha256: str
+    size: int
+    content_type: str = "application/octet-stream"
+    schema: str | None = None
+    region: str | None = None
+    metadata: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+def object_service(request: Request[Any, Any, Any]) -> ObjectService:
+    """The app's object service, made on first use from the app's store and settings.
+
+    The intent lifetime is ``app.state.object_intent_ttl_seconds`` if set, else
+    ``DUCTOR_STREAMS_OBJECT_INTENT_TTL`` (seconds), else one hour.
+    """
+    state = request.app.state
+    service: ObjectService | None = state.get("object_service")
+    if service is None or service.store is not state.store:
+        settings = state.settings
+        ttl = state.get("object_intent_ttl_seconds") or float(
+            os.environ.get(TTL_ENV) or DEFAULT_INTENT_TTL_SECONDS
+        )
+        service = ObjectService(
+            state.store,
+            BlobStores(settings.object_stores),
+            region=settings.region,
+            intent_ttl_seconds=ttl,
+        )
+        state.object_service = service
+    return service
+
+
+def _state_json(intent: ObjectIntent) -> dict[str, Any]:
+    return {"object_id": str(intent.object_id), "state": intent.effective_state}
+
+
+@post(OBJECTS, opt={"scope": "streams:write"}, status_code=201)
+async def prepare_object(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Pin an object intent; the same idempotency key and pins again answers 200."""
+    body: PrepareBody = await json_body(request, PrepareBody)
+    prepare = PrepareRequest.parse(
+        idempotency_key=body.idempotency_key,
+        sha256=body.sha256,
+        size=body.size,
+        content_type=body.content_type,
+        schema=body.schema,
+        region=body.region,
+        metadata=body.metadata,
+    )
+    ref = await stream_for(request, "write")
+    principal = principal_of(request)
+    prepared = await object_service(request).prepare(
+        ref, prepare, principal=principal.sub, scopes=list(principal.scopes)
+    )
+    intent = prepared.intent
+    if prepared.signed_upload is not None:
+        upload = {
+            "method": prepared.signed_upload.method,
+            "url": prepared.signed_upload.url,
+            "headers": prepared.signed_upload.headers,
+        }
+    else:
+        upload = {
+            "method": "PUT",
+            "url": f"{request.url.path.rstrip('/')}/{intent.object_id}/content",
+            "headers": {"Content-Type": intent.content_type},
+        }
+    return json_response(
+        {
+            **_state_json(intent),
+            "expires_at": intent.expires_at.isoformat(),
+            "upload": upload,
+        },
+        status_code=201 if prepared.created else 200,
+    )
+
+
+async def _body(request: Request[Any, Any, Any]) -> AsyncIterator[bytes]:
+    try:
+        async for chunk in request.stream():
+            if chunk:
+                yield chunk
+    except HTTPException as exc:
+        if exc.status_code == 413:
+            raise ObjectEvidenceMismatch(
+                f"the body is larger than any object ({MAX_OBJECT_BYTES} bytes)"
+            ) from None
+        raise
+
+
+@put(
+    OBJECT + "/content",
+    opt={"scope": "streams:write"},
+    status_code=200,
+    request_max_body_size=MAX_OBJECT_BYTES + 1,
+)
+async def upload_object(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """The body is the object: stored only if its size and SHA-256 match the pins."""
+    ref = await stream_for(request, "write")
+    intent = await object_service(request).upload(
+        ref, request.path_params["object_id"], _body(request)
+    )
+    return json_response(_state_json(intent))
+
+
+@post(OBJECT + "/commit", opt={"scope": "streams:write"}, status_code=201)
+async def commit_object(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Append the object's record (201); committing again answers 200, same sequence."""
+    ref = await stream_for(request, "write")
+    committed = await object_service(request).commit(ref, request.path_params["object_id"])
+    return json_response(
+        {"sequence": committed.sequence}, status_code=201 if committed.created else 200
+    )
+
+
+@post(OBJECT + "/abort", opt={"scope": "streams:write"}, status_code=200)
+async def abort_object(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """Abort an uncommitted object; its stored bytes are removed."""
+    ref = await stream_for(request, "write")
+    intent = await object_service(request).abort(ref, request.path_params["object_id"])
+    return json_response(_state_json(intent))
+
+
+@get(OBJECT, opt={"scope": "streams:read"})
+async def read_object(request: Request[Any, Any, Any]) -> Response[bytes]:
+    """The intent's state and pins (metadata only: no payload, not egress-checked)."""
+    ref = await stream_for(request, "read")
+    intent = await object_service(request).get(ref, request.path_params["object_id"])
+    return json_response(
+        {
+            **_state_json(intent),
+            "sha256": intent.sha256,
+            "size": intent.size,
+            "content_type": intent.content_type,
+            "schema": intent.schema,
+            "region": intent.region,
+            "expires_at": intent.expires_at.isoformat(),
+            "sequence": intent.committed_sequence,
+        }
+    )
+
+
+@get(OBJECT + "/content", opt={"scope": "streams:read"})
+async def download_object(request: Request[Any, Any, Any]) -> Stream:
+    """The bytes of a committed object (egress checked, like every payload path)."""
+    ref = await stream_for(request, "read")
+    check_egress(request, ref)
+    intent, content = await object_service(request).download(ref, request.path_params["object_id"])
+    return Stream(
+        content,
+        media_type=intent.content_type,
+        headers={
+            "Content-Length": str(intent.size),
+            "ETag": f'"{intent.sha256}"',
+            "X-Object-Sha256": intent.sha256,
+        },
+    )
+
+
+ROUTES = [prepare_object, upload_object, commit_object, abort_object, read_object, download_object]

@@ -1,0 +1,33 @@
+"""``ductor-streams prune``: one upkeep pass now, then exit, printing what it did."""
+
+from __future__ import annotations
+
+import asyncio
+
+from ductor_streams.config import Settings
+from ductor_streams.maintenance.upkeep import PassReport, UpkeepConfig, run_pass
+from ductor_streams.objects.stores import BlobStores
+from ductor_streams.store.db import create_pool
+
+
+async def _prune(settings: Settings, config: UpkeepConfig) -> PassReport:
+    pool = await create_pool(settings.require_database(), min_size=1, max_size=2)
+    try:
+        return await run_pass(
+            pool,
+            BlobStores(settings.object_stores),
+            sweep_orphans_now=True,
+            orphan_grace_seconds=config.orphan_grace_seconds,
+        )
+    finally:
+        await pool.close()
+
+
+def prune_once(settings: Settings) -> int:
+    """Run retention, expiry, the orphan sweep and due deletions once; print a summary."""
+    settings.require_database()
+    config = UpkeepConfig.from_env()
+    report = asyncio.run(_prune(settings, config))
+    for line in report.lines():
+        print(line)
+    return 0

@@ -1,0 +1,164 @@
+"""One upkeep pass (retention, expiry, orphans, deletions), and the periodic worker that
+runs it inside ``serve`` and ``workers``.
+
+Every step is safe with several replicas at once: pruning is one statement under the
+stream's row lock, expiry a guarded update with SKIP LOCKED, deletions leased claims.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import asyncpg
+
+from ductor_streams.config import ConfigError, Settings
+from ductor_streams.maintenance.deletions import DeletionReport, run_deletions
+from ductor_streams.maintenance.retention import RetentionReport, prune_all
+from ductor_streams.maintenance.sweep import (
+    DEFAULT_ORPHAN_GRACE_SECONDS,
+    expire_intents,
+    sweep_orphans,
+)
+from ductor_streams.objects.stores import BlobStores
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class UpkeepConfig:
+    """How often upkeep runs. Environment overrides (seconds):
+    ``DUCTOR_STREAMS_MAINTENANCE_INTERVAL`` (default 30),
+    ``DUCTOR_STREAMS_ORPHAN_SWEEP_INTERVAL`` (default 600: listing a bucket costs more),
+    ``DUCTOR_STREAMS_ORPHAN_GRACE`` (default 3600: older than any upload in flight)."""
+
+    interval_seconds: float = 30.0
+    orphan_interval_seconds: float = 600.0
+    orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE_SECONDS
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> UpkeepConfig:
+        env = os.environ if env is None else env
+        values: dict[str, float] = {}
+        for name, attr in (
+            ("DUCTOR_STREAMS_MAINTENANCE_INTERVAL", "interval_seconds"),
+            ("DUCTOR_STREAMS_ORPHAN_SWEEP_INTERVAL", "orphan_interval_seconds"),
+            ("DUCTOR_STREAMS_ORPHAN_GRACE", "orphan_grace_seconds"),
+        ):
+            raw = env.get(name, "").strip()
+            if not raw:
+                continue
+            try:
+                value = float(raw)
+            except ValueError:
+                raise ConfigError(f"{name} must be a number of seconds") from None
+            if value < 0 or (attr == "interval_seconds" and value <= 0):
+                raise ConfigError(f"{name} must be a positive number of seconds")
+            values[attr] = value
+        return cls(**values)
+
+
+@dataclass
+class PassReport:
+    """What one pass did."""
+
+    retention: RetentionReport = field(default_factory=RetentionReport)
+    expired_intents: int = 0
+    orphans_queued: int = 0
+    deletions: DeletionReport = field(default_factory=DeletionReport)
+    swept_orphans: bool = False
+
+    def lines(self) -> list[str]:
+        return [
+            f"pruned {self.retention.records} records from {self.retention.streams} streams "
+            f"({self.retention.objects} objects queued for deletion)",
+            f"expired {self.expired_intents} object intents",
+            (
+                f"queued {self.orphans_queued} orphaned objects for deletion"
+                if self.swept_orphans
+                else "orphan sweep not due"
+            ),
+            f"deleted {self.deletions.deleted} stored objects "
+            f"({self.deletions.failed} failed, will retry)",
+        ]
+
+    def to_json_dict(self) -> dict[str, Any]:
+        return {
+            "records_pruned": self.retention.records,
+            "streams_pruned": self.retention.streams,
+            "objects_queued_by_retention": self.retention.objects,
+            "intents_expired": self.expired_intents,
+            "orphans_queued": self.orphans_queued,
+            "deleted": self.deletions.deleted,
+            "deletions_failed": self.deletions.failed,
+        }
+
+
+async def run_pass(
+    pool: asyncpg.Pool,
+    stores: BlobStores,
+    *,
+    sweep_orphans_now: bool = True,
+    orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE_SECONDS,
+) -> PassReport:
+    """Prune, expire, sweep orphans (when asked), then carry out due deletions."""
+    report = PassReport()
+    report.retention = await prune_all(pool)
+    report.expired_intents = await expire_intents(pool)
+    if sweep_orphans_now:
+        report.orphans_queued = await sweep_orphans(
+            pool, stores, grace_seconds=orphan_grace_seconds
+        )
+        report.swept_orphans = True
+    report.deletions = await run_deletions(pool, stores)
+    return report
+
+
+def maintenance_worker(settings: Settings) -> Any:
+    """A worker factory for ``workers.worker_services``: given the app-like holder
+    (``.state.store``), runs a pass every ``interval_seconds`` until stopped."""
+    config = UpkeepConfig.from_env()
+
+    @contextlib.asynccontextmanager
+    async def run(app: Any) -> AsyncIterator[None]:
+        pool: asyncpg.Pool = app.state.store.pool
+        stores = BlobStores(settings.object_stores)
+        task = asyncio.get_running_loop().create_task(_loop(pool, stores, config))
+        try:
+            yield
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    return run
+
+
+async def _loop(pool: asyncpg.Pool, stores: BlobStores, config: UpkeepConfig) -> None:
+    last_orphan_sweep = float("-inf")
+    while True:
+        started = time.monotonic()
+        sweep = started - last_orphan_sweep >= config.orphan_interval_seconds
+        try:
+            report = await run_pass(
+                pool,
+                stores,
+                sweep_orphans_now=sweep,
+                orphan_grace_seconds=config.orphan_grace_seconds,
+            )
+            if sweep:
+                last_orphan_sweep = started
+            if any(report.to_json_dict().values()):
+                log.info("upkeep pass", extra=report.to_json_dict())
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            # Keep running: the next pass retries whatever this one could not do.
+            log.warning("upkeep pass failed", extra={"error_type": type(exc).__name__})
+        await asyncio.sleep(config.interval_seconds)
