@@ -150,6 +150,17 @@ EXPIRED_INTENTS = Counter(
     registry=REGISTRY,
 )
 
+# Every known label value from the start, so a dashboard sees 0 rather than no series.
+for _direction in ("input", "output"):
+    for _counter in (APPENDS, APPENDED_RECORDS, APPENDED_BYTES):
+        _counter.labels(_direction)
+for _reason in ("credit", "quota"):
+    CREDIT_REJECTIONS.labels(_reason)
+for _outcome in ("delivered", "retrying", "dead"):
+    DELIVERY_ATTEMPTS.labels(_outcome)
+for _outcome in ("done", "failed"):
+    OBJECT_DELETIONS.labels(_outcome)
+
 
 async def refresh_from_database(pool: asyncpg.Pool) -> None:
     """Set the gauges that Postgres knows (all tenants) just before a scrape."""

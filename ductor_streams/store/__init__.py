@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncpg
 
+from ductor_streams import metrics
 from ductor_streams.definitions import StreamDefinition
-from ductor_streams.errors import CreditExhausted
+from ductor_streams.errors import CreditExhausted, QuotaExhausted
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.store import acks, streams
 from ductor_streams.store.append import Appender
@@ -76,8 +77,8 @@ class Store:
         credit = ref.definition.credit
         try:
             if credit.on_unread_full != "block" or credit.block_timeout_ms <= 0:
-                return await self.appender.append(ref.stream_pk, batch)
-            return await append_blocking(
+                return _counted(ref, batch, await self.appender.append(ref.stream_pk, batch))
+            result = await append_blocking(
                 self.appender,
                 self.hub,
                 ref,
@@ -85,7 +86,12 @@ class Store:
                 wait_seconds=credit.block_timeout_ms / 1000,
                 poll_interval=self._poll_interval,
             )
+            return _counted(ref, batch, result)
+        except QuotaExhausted:
+            metrics.CREDIT_REJECTIONS.labels(reason="quota").inc()
+            raise
         except CreditExhausted:
+            metrics.CREDIT_REJECTIONS.labels(reason="credit").inc()
             if never_fits(ref, batch):
                 raise CreditExhausted(
                     "the batch alone is larger than the stream's unread ceiling; split it"
@@ -106,3 +112,13 @@ class Store:
     ) -> StreamState:
         await streams.set_legal_hold(self.pool, ref, enabled, reason)
         return await self.state(ref)
+
+
+def _counted(ref: StreamRef, batch: EncodedBatch, result: AppendResult) -> AppendResult:
+    """Count a committed append in the metrics (a replay committed nothing new)."""
+    if not result.replayed:
+        direction = ref.definition.direction
+        metrics.APPENDS.labels(direction).inc()
+        metrics.APPENDED_RECORDS.labels(direction).inc(batch.count)
+        metrics.APPENDED_BYTES.labels(direction).inc(batch.bytes)
+    return result

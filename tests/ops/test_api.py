@@ -64,9 +64,16 @@ async def test_list_shows_one_row_per_input_record_with_the_contract_fields(
         assert datetime.fromisoformat(d["next_attempt_at"]) <= datetime.now(UTC)
         assert "payload" not in d
     expected = {
-        "delivery_id", "run_id", "stream_id", "sequence", "state", "attempts", "last_error",
-        "next_attempt_at", "delivered_at",
-    }  # fmt: skip
+        "delivery_id",
+        "run_id",
+        "stream_id",
+        "sequence",
+        "state",
+        "attempts",
+        "last_error",
+        "next_attempt_at",
+        "delivered_at",
+    }
     assert expected <= set(rows[0])
     assert ids == await delivery_ids(pool, tenant, "run-a", "in") + await delivery_ids(
         pool, tenant, "run-b", "in"
@@ -175,8 +182,9 @@ async def test_retry_round_trip_is_audited_and_only_for_dead(client, auth, tenan
     ok = await client.post(f"{OPS}/deliveries/{dead[1]}/retry", json={}, headers=ops)
     assert ok.status_code == 200 and ok.json()["state"] == "pending"
 
-    assert_problem(await client.post(f"{OPS}/deliveries/999999999/retry", headers=ops), 404,
-                   "not_found")  # fmt: skip
+    assert_problem(
+        await client.post(f"{OPS}/deliveries/999999999/retry", headers=ops), 404, "not_found"
+    )
     assert_problem(await client.post(f"{OPS}/deliveries/abc/retry", headers=ops), 404, "not_found")
 
 
@@ -212,16 +220,20 @@ async def test_other_tenants_and_runs_do_not_exist_for_the_operator(client, auth
     stranger = auth(tenant=tenant + "-other", scopes=OPS_ONLY)
     r = await client.get(f"{OPS}/deliveries", headers=stranger)
     assert r.json() == {"deliveries": [], "next_page": None}
-    assert_problem(await client.get(f"{OPS}/deliveries/{dead[0]}", headers=stranger), 404,
-                   "not_found")  # fmt: skip
+    assert_problem(
+        await client.get(f"{OPS}/deliveries/{dead[0]}", headers=stranger), 404, "not_found"
+    )
     assert_problem(
         await client.post(f"{OPS}/deliveries/{dead[0]}/retry", headers=stranger), 404, "not_found"
     )
     summary = (await client.get(f"{OPS}/summary", headers=stranger)).json()
     assert summary["counts"] == {"pending": 0, "retrying": 0, "delivered": 0, "dead": 0}
-    assert await pool.fetchval(
-        "SELECT state FROM workflow_streams.input_deliveries WHERE delivery_id = $1", dead[0]
-    ) == "dead"
+    assert (
+        await pool.fetchval(
+            "SELECT state FROM workflow_streams.input_deliveries WHERE delivery_id = $1", dead[0]
+        )
+        == "dead"
+    )
 
     only_b = auth(tenant=tenant, scopes=OPS_ONLY, runs=[run_b])
     r = await client.get(f"{OPS}/deliveries", headers=only_b)
@@ -321,8 +333,10 @@ async def test_summary_counts_oldest_age_and_lag_per_stream(client, auth, tenant
     summary = r.json()
     assert summary["counts"] == {"pending": 3, "retrying": 0, "delivered": 1, "dead": 2}
     assert 90 <= summary["oldest_pending_age_seconds"] < 120
-    lag = [(s["run_id"], s["stream_id"], s["owed"], s["pending"], s["dead"]) for s in
-           summary["streams"]]  # fmt: skip
+    lag = [
+        (s["run_id"], s["stream_id"], s["owed"], s["pending"], s["dead"])
+        for s in summary["streams"]
+    ]
     # the longest waiting first: side (90 s), then run-a and run-b by their oldest row
     assert lag[0] == (run_b, "side", 1, 1, 0)
     assert sorted(lag[1:]) == [(run_a, "in", 2, 2, 0), (run_b, "in", 2, 0, 2)]
