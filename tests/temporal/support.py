@@ -63,3 +63,51 @@ async def running_dispatcher(
     finally:
         dispatcher.stop()
         await task
+
+
+class WorkersProcess:
+    """A real ``ductor-streams workers`` subprocess (dispatcher + maintenance)."""
+
+    def __init__(self, env: dict[str, str], log_path: Any) -> None:
+        self._env = env
+        self.log_path = log_path
+        self.process: Any = None
+
+    def start(self) -> WorkersProcess:
+        import os
+        import subprocess
+        import sys
+
+        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its life
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", "ductor_streams.cli", "workers"],
+            env={**os.environ, **self._env},
+            stdout=log,
+            stderr=log,
+        )
+        return self
+
+    async def started(self, timeout: float = 30.0) -> None:
+        """Wait until its dispatcher says it runs (or fail if the process died)."""
+
+        async def probe() -> str:
+            if self.process.poll() is not None:
+                raise AssertionError(f"workers exited with {self.process.returncode}")
+            return self.log_path.read_text(errors="replace")
+
+        await eventually(
+            probe, lambda text: "input dispatcher started" in text, timeout=timeout, what="workers"
+        )
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.wait(10)
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(15)
+            except Exception:
+                self.process.kill()
+                self.process.wait(10)
