@@ -51,7 +51,9 @@ def to_application_error(exc: errors.StreamsError) -> ApplicationError:
     kind = next((t for cls, t in _TYPES.items() if isinstance(exc, cls)), None)
     if kind is None:
         kind = error_types.INVALID_REQUEST if exc.status < 500 else error_types.INTERNAL
-    return ApplicationError(exc.detail, details, type=kind, non_retryable=kind != error_types.INTERNAL)
+    return ApplicationError(
+        exc.detail, details, type=kind, non_retryable=kind != error_types.INTERNAL
+    )
 
 
 @contextlib.contextmanager

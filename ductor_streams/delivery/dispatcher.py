@@ -98,9 +98,7 @@ class Dispatcher:
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 failures += 1
                 timeout = min(self.config.max_delay, 0.2 * 2 ** min(failures, 8))
-                log.warning(
-                    "dispatcher round failed", extra={"error_type": type(exc).__name__}
-                )
+                log.warning("dispatcher round failed", extra={"error_type": type(exc).__name__})
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
 
@@ -198,4 +196,6 @@ class Dispatcher:
             error=error[:1000],
             delay=backoff_delay(attempts, self.config),
         )
-        await outbox.release(self._pool, [d.delivery_id for d in lane[index + 1 :]], owner=self.owner)
+        await outbox.release(
+            self._pool, [d.delivery_id for d in lane[index + 1 :]], owner=self.owner
+        )

@@ -50,10 +50,11 @@ class StreamsPlugin(SimplePlugin):
             database_url=database_url, tenant=tenant, region=region
         )
         self.settings = settings
-        self.activities = activities or StreamsActivities(settings)
+        # Not `self.activities`: SimplePlugin keeps its activity list under that name.
+        self.streams_activities = activities or StreamsActivities(settings)
         super().__init__(
             PLUGIN_NAME,
-            activities=self.activities.all(),
+            activities=self.streams_activities.all(),
             workflow_runner=_pass_through,
-            run_context=self.activities.lifetime,
+            run_context=self.streams_activities.lifetime,
         )

@@ -126,9 +126,7 @@ class Streams:
     ) -> None:
         snapshot = snapshot or StreamsSnapshot()
         self._lanes: dict[str, _Lane] = {
-            stream_id: _Lane(
-                InputPosition(p.next_sequence, p.acked, p.highest_seen), catch_up=True
-            )
+            stream_id: _Lane(InputPosition(p.next_sequence, p.acked, p.highest_seen), catch_up=True)
             for stream_id, p in snapshot.inputs.items()
         }
         self._append_counts = dict(snapshot.append_counts)
@@ -186,13 +184,24 @@ class Streams:
 
     # ---- input -----------------------------------------------------------------------
 
-    async def next(self, stream_id: str, *, timeout: timedelta | None = None) -> StreamRecord:
+    # `timeout` parameters (ASYNC109): in a workflow the wait must be a workflow timer
+    # inside wait_condition, which an outer asyncio.timeout would not make replay-safe.
+    async def next(
+        self,
+        stream_id: str,
+        *,
+        timeout: timedelta | None = None,  # noqa: ASYNC109
+    ) -> StreamRecord:
         """The next input record, in sequence order; TimeoutError after ``timeout``."""
         records = await self.next_batch(stream_id, max_records=1, timeout=timeout)
         return records[0]
 
     async def next_batch(
-        self, stream_id: str, *, max_records: int = 100, timeout: timedelta | None = None
+        self,
+        stream_id: str,
+        *,
+        max_records: int = 100,
+        timeout: timedelta | None = None,  # noqa: ASYNC109
     ) -> list[StreamRecord]:
         """Every record ready now (at least one, at most ``max_records``), in order.
 
@@ -223,7 +232,7 @@ class Streams:
                     lambda: lane.position.next_sequence in lane.held,
                     timeout=None if wait is None else timedelta(seconds=wait),
                 )
-            except asyncio.TimeoutError:
+            except TimeoutError:
                 if gap and lane.position.next_sequence not in lane.held:
                     await self._fetch(stream_id, lane, until=min(lane.held, default=None))
             finally:
@@ -277,7 +286,10 @@ class Streams:
         return workflow.info().workflow_id
 
     def _options(self) -> dict[str, Any]:
-        return {"start_to_close_timeout": self._activity_timeout, "retry_policy": self._retry_policy}
+        return {
+            "start_to_close_timeout": self._activity_timeout,
+            "retry_policy": self._retry_policy,
+        }
 
     def _lane(self, stream_id: str) -> _Lane:
         lane = self._lanes.get(stream_id)

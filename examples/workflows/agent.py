@@ -56,7 +56,9 @@ class AgentWorkflow:
         if request.snapshot is None:  # the first run creates the streams
             await self.streams.create("output", "output", content_class="model_output")
             await self.streams.create("messages", "input", schema="chat.message/v1")
-            await self.streams.append("output", {"type": "chunk", "turn": 0, "text": request.greeting})
+            await self.streams.append(
+                "output", {"type": "chunk", "turn": 0, "text": request.greeting}
+            )
         while True:
             await self.streams.append(
                 "output", {"type": "waiting", "turn": turn, "timeout_s": request.reply_timeout_s}
@@ -67,9 +69,11 @@ class AgentWorkflow:
                 )
             except TimeoutError:
                 return await self._goodbye("timeout", turn)
-            text = str((message.payload or {}).get("text", "")) if isinstance(
-                message.payload, dict
-            ) else str(message.payload)
+            text = (
+                str((message.payload or {}).get("text", ""))
+                if isinstance(message.payload, dict)
+                else str(message.payload)
+            )
             if text.strip().lower() == "bye":
                 return await self._goodbye("bye", turn)
             turn += 1

@@ -14,7 +14,7 @@ async def eventually(
     probe: Callable[[], Awaitable[T]],
     until: Callable[[T], bool],
     *,
-    timeout: float = 30.0,
+    timeout: float = 30.0,  # noqa: ASYNC109 - a polling deadline, not an I/O timeout
     interval: float = 0.02,
     what: str = "condition",
 ) -> T:

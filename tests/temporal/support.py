@@ -78,7 +78,7 @@ class WorkersProcess:
         import subprocess
         import sys
 
-        log = open(self.log_path, "ab")  # noqa: SIM115 - owned by the child for its life
+        log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
             [sys.executable, "-m", "ductor_streams.cli", "workers"],
             env={**os.environ, **self._env},
@@ -87,7 +87,7 @@ class WorkersProcess:
         )
         return self
 
-    async def started(self, timeout: float = 30.0) -> None:
+    async def started(self, timeout: float = 30.0) -> None:  # noqa: ASYNC109
         """Wait until its dispatcher says it runs (or fail if the process died)."""
 
         async def probe() -> str:

@@ -13,8 +13,7 @@ import asyncpg
 from temporalio.client import Client
 
 from ductor_streams.definitions import parse_definition
-from ductor_streams.delivery import DeliveryFailed, Dispatcher, DispatcherConfig, InputEvent
-from ductor_streams.delivery import outbox
+from ductor_streams.delivery import DeliveryFailed, Dispatcher, DispatcherConfig, InputEvent, outbox
 from ductor_streams.store import Store, StreamKey, StreamRef
 from tests.temporal.conftest import WorkerFactory
 from tests.temporal.polling import eventually
@@ -50,7 +49,9 @@ class RecordingWaitService:
 
 async def input_stream(store: Store, tenant: str, run_id: str) -> StreamRef:
     definition = parse_definition(
-        {"stream_id": "input", "direction": "input"}, region="local", object_store_regions=frozenset()
+        {"stream_id": "input", "direction": "input"},
+        region="local",
+        object_store_regions=frozenset(),
     )
     ref, _ = await store.create_stream(StreamKey(tenant, run_id, "input"), definition)
     return ref
@@ -77,7 +78,10 @@ async def test_two_dispatchers_deliver_each_record_once_in_order(
         # Appends race with both dispatchers' claims.
         for chunk in range(4):
             await asyncio.gather(
-                *(append_inputs(store, ref, list(range(chunk * 10, chunk * 10 + 10))) for ref in refs)
+                *(
+                    append_inputs(store, ref, list(range(chunk * 10, chunk * 10 + 10)))
+                    for ref in refs
+                )
             )
         await eventually(
             lambda: states(pool, refs),
@@ -190,7 +194,10 @@ async def test_completed_workflow_deliveries_end_dead_with_reason(
 
 
 async def test_missing_workflow_waits_out_the_grace_then_dead(
-    wf_client: Client, store: Store, pool: asyncpg.Pool, wf_settings  # type: ignore[no-untyped-def]
+    wf_client: Client,
+    store: Store,
+    pool: asyncpg.Pool,
+    wf_settings,  # type: ignore[no-untyped-def]
 ) -> None:
     run_id = f"never-{uuid.uuid4().hex[:8]}"
     ref = await input_stream(store, wf_settings.tenant, run_id)

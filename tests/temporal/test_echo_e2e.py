@@ -84,7 +84,9 @@ async def test_echo_fifty_inputs_in_batches_over_http_and_sse(
                 assert answer.status_code == 201, answer.text
                 assert answer.json() == {"first_sequence": sent + 1, "last_sequence": sent + size}
                 sent += size
-            done = await http.post(f"{base}/input/records", json={"records": [{"payload": {"done": True}}]})
+            done = await http.post(
+                f"{base}/input/records", json={"records": [{"payload": {"done": True}}]}
+            )
             assert done.json() == {"first_sequence": 51, "last_sequence": 51}
             await asyncio.wait_for(reader, 60)
             assert await handle.result() == 50

@@ -56,7 +56,11 @@ class CollectWorkflow:
             seen.append(record.sequence)
             payloads.append(int(record.payload["n"]))
             self.consumed += 1
-            if request.can_every and self.consumed >= request.can_every and len(seen) < request.expect:
+            if (
+                request.can_every
+                and self.consumed >= request.can_every
+                and len(seen) < request.expect
+            ):
                 snapshot = await self.streams.prepare_continue_as_new()
                 workflow.continue_as_new(
                     CollectInput(
