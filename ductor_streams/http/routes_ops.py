@@ -180,6 +180,7 @@ ROUTES = [list_deliveries, show_delivery, retry_delivery, list_gaps, summary]
 _ASSETS = {
     "ops.js": "text/javascript; charset=utf-8",
     "ops.css": "text/css; charset=utf-8",
+    "ops.svg": "image/svg+xml",
 }
 _PAGE_HEADERS = {
     # Only our own script, style and API: no inline script, no third party, no framing.
