@@ -20,6 +20,7 @@ from datetime import UTC, datetime
 
 import asyncpg
 
+from ductor_streams import metrics
 from ductor_streams.delivery import outbox
 from ductor_streams.delivery.outbox import ClaimedDelivery
 from ductor_streams.delivery.wait_service import (
@@ -136,6 +137,7 @@ class Dispatcher:
                     if isinstance(exc, RunNotFound) and self._young(delivery):
                         await self._retry(done, lane, index, f"run not found: {exc}")
                     else:
+                        metrics.DELIVERY_ATTEMPTS.labels("dead").inc()
                         await self._flush(done)
                         await outbox.mark_dead(
                             self._pool,
@@ -160,6 +162,10 @@ class Dispatcher:
                     log.exception("wait service raised", extra={"delivery": delivery.delivery_id})
                     await self._retry(done, lane, index, f"{type(exc).__name__}: {exc}")
                     return
+                metrics.DELIVERY_ATTEMPTS.labels("delivered").inc()
+                metrics.DELIVERY_LATENCY.observe(
+                    max(0.0, (datetime.now(UTC) - delivery.created_at).total_seconds())
+                )
                 done.append(delivery.delivery_id)
             await self._flush(done)
         except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
@@ -181,6 +187,9 @@ class Dispatcher:
         await self._flush(done)
         failed = lane[index]
         attempts = failed.attempts + 1
+        metrics.DELIVERY_ATTEMPTS.labels(
+            "dead" if attempts >= self.config.max_attempts else "retrying"
+        ).inc()
         if attempts >= self.config.max_attempts:
             await outbox.mark_dead(
                 self._pool,

@@ -15,6 +15,7 @@ import msgspec
 from litestar import Litestar, Request, get
 from litestar.response import Stream
 
+from ductor_streams import metrics
 from ductor_streams.errors import InvalidCursor
 from ductor_streams.http.access import check_egress, may_see_unredacted, stream_for
 from ductor_streams.http.codec import encode_record
@@ -78,6 +79,7 @@ async def _events(
 ) -> AsyncIterator[bytes]:
     keepalive = followers.settings.keepalive_seconds
     memo_key = tuple(redaction)
+    metrics.SUBSCRIBERS.inc()
     try:
         while True:
             item = await subscription.next(keepalive)
@@ -95,6 +97,7 @@ async def _events(
                 return
     finally:
         # Runs on normal end and when the client goes away (the generator is cancelled).
+        metrics.SUBSCRIBERS.dec()
         followers.release(stream_pk, subscription)
 
 

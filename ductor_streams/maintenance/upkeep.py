@@ -18,6 +18,7 @@ from typing import Any
 
 import asyncpg
 
+from ductor_streams import metrics
 from ductor_streams.config import ConfigError, Settings
 from ductor_streams.maintenance.deletions import DeletionReport, run_deletions
 from ductor_streams.maintenance.retention import RetentionReport, prune_all
@@ -117,6 +118,10 @@ async def run_pass(
         )
         report.swept_orphans = True
     report.deletions = await run_deletions(pool, stores)
+    metrics.PRUNED_RECORDS.inc(report.retention.records)
+    metrics.EXPIRED_INTENTS.inc(report.expired_intents)
+    metrics.OBJECT_DELETIONS.labels("done").inc(report.deletions.deleted)
+    metrics.OBJECT_DELETIONS.labels("failed").inc(report.deletions.failed)
     return report
 
 

@@ -14,6 +14,7 @@ from temporalio.client import Client
 from ductor_streams.store import Store
 from tests.ops.helpers import OPS
 from tests.ops.test_cli import cli
+from tests.ops.test_metrics import scrape, value
 from tests.temporal.conftest import WorkerFactory
 from tests.temporal.polling import eventually
 from tests.temporal.support import append_inputs, running_dispatcher, stream_ref
@@ -53,6 +54,7 @@ async def test_review_and_retry_rows_of_a_real_dispatcher_run(
         await append_inputs(store, gone_ref, [1, 2])
         await append_inputs(store, waiting_ref, [10, 20])
 
+        before = await scrape(client)
         async with running_dispatcher(pool, wf_client, tenant):
             result = await asyncio.wait_for(collector.result(), 60)
             assert result.sequences == [1, 2] and result.payloads == [10, 20]
@@ -110,3 +112,16 @@ async def test_review_and_retry_rows_of_a_real_dispatcher_run(
             assert [d["retried_by"] for d in rows] == ["oncall", "cli-op"]
             assert all(d["retried_at"] is not None and d["attempts"] == 1 for d in rows)
             assert await _listed(client, ops, state="dead") == []
+
+    # The dispatcher's metrics: 4 signals accepted (2 + the 2 retried), 1 attempt that
+    # found the run gone (its stream's second row died with it, unattempted).
+    after = await scrape(client)
+
+    def delta(name: str, **labels: str) -> float:
+        return value(after, name, **labels) - value(before, name, **labels)
+
+    assert delta("ductor_streams_delivery_attempts_total", outcome="delivered") == 4
+    assert delta("ductor_streams_delivery_attempts_total", outcome="dead") == 1
+    assert delta("ductor_streams_delivery_attempts_total", outcome="retrying") == 0
+    assert delta("ductor_streams_delivery_latency_seconds_count") == 4
+    assert delta("ductor_streams_delivery_operator_retries_total") == 2 - 1  # CLI: other process
