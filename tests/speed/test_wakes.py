@@ -1,0 +1,159 @@
+"""Wakes off the commit path (issue 9): the group's transaction carries no NOTIFY; the
+wake is sent after the commit returned, coalesced, and retried when sending fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from ductor_streams.schema import QUERIES
+from ductor_streams.store import Store
+from ductor_streams.store.wakes import WakeSender
+from tests.support.credit import append, make_stream
+
+
+class Listener:
+    """A LISTEN connection that keeps every payload, in arrival order, and on each
+    ``r<pk>`` wake reads (through the pool) what is committed at that moment."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.payloads: list[str] = []
+        self.visible_at_wake: list[tuple[int, int]] = []
+        self.arrived = asyncio.Event()
+        self._reads: list[asyncio.Task[None]] = []
+
+    def on_notify(self, _c: object, _pid: int, _channel: str, payload: str) -> None:
+        self.payloads.append(payload)
+        if payload.startswith("r"):
+            self._reads.append(asyncio.ensure_future(self._read(int(payload[1:]))))
+        self.arrived.set()
+
+    async def _read(self, stream_pk: int) -> None:
+        latest = await self.pool.fetchval(
+            "SELECT latest_sequence FROM workflow_streams.streams WHERE stream_pk = $1",
+            stream_pk,
+        )
+        self.visible_at_wake.append((stream_pk, int(latest)))
+
+    async def wait_for(self, payload: str, deadline: float = 5.0) -> None:
+        async with asyncio.timeout(deadline):
+            while payload not in self.payloads:
+                self.arrived.clear()
+                await self.arrived.wait()
+        await asyncio.gather(*self._reads)
+
+
+@pytest.fixture
+async def listener(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[Listener]:
+    conn = await asyncpg.connect(database_url)
+    listener = Listener(pool)
+    await conn.add_listener("workflow_streams", listener.on_notify)
+    try:
+        yield listener
+    finally:
+        await conn.close()
+
+
+async def test_the_wake_follows_the_commit(store: Store, listener: Listener) -> None:
+    ref = await make_stream(store)
+    for n in range(1, 6):
+        await append(store, ref, [n])
+        await listener.wait_for(f"r{ref.stream_pk}")
+        # Whenever the wake arrived, what it announces was already visible.
+        assert listener.visible_at_wake[-1] == (ref.stream_pk, n)
+        listener.payloads.clear()
+
+
+async def test_many_streams_each_get_a_wake_after_their_last_commit(
+    store: Store, listener: Listener
+) -> None:
+    refs = [await make_stream(store) for _ in range(12)]
+    await asyncio.gather(*(append(store, ref, [i]) for ref in refs for i in range(4)))
+    for ref in refs:
+        await listener.wait_for(f"r{ref.stream_pk}")
+        seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
+        assert seen and max(seen) == 4  # never a wake without the commit behind it
+
+
+async def test_the_group_transaction_itself_sends_no_notify(
+    pool: asyncpg.Pool, store: Store, listener: Listener
+) -> None:
+    ref = await make_stream(store)
+    await pool.fetch(
+        QUERIES["records_append_group"], ref.stream_pk, [1], [None], ["h"], ["1"], [1], [None]
+    )
+    # Notifications of one session arrive in order: the sentinel comes after anything
+    # the append's commit could have sent.
+    await pool.execute("SELECT pg_notify('workflow_streams', 'sentinel')")
+    await listener.wait_for("sentinel")
+    assert f"r{ref.stream_pk}" not in listener.payloads
+
+
+async def test_the_seven_argument_form_still_notifies_at_commit(
+    pool: asyncpg.Pool, store: Store, listener: Listener
+) -> None:
+    # Callers that append inside a transaction of their own (object commit) use it.
+    ref = await make_stream(store)
+    rows = await pool.fetch(
+        QUERIES["records_append"], ref.stream_pk, [1], [None], ["h"], ["1"], [1], [None]
+    )
+    assert rows[0]["outcome"] == "appended"
+    await listener.wait_for(f"r{ref.stream_pk}")
+
+
+class FakePool:
+    """Stands in for asyncpg.Pool in the WakeSender unit tests."""
+
+    def __init__(self, failures: int = 0) -> None:
+        self.calls: list[list[str]] = []
+        self.failures = failures
+
+    async def fetchval(self, _query: str, payloads: list[str]) -> int:
+        self.calls.append(list(payloads))
+        if self.failures:
+            self.failures -= 1
+            raise asyncpg.exceptions.ConnectionFailureError("down")
+        return len(payloads)
+
+    def is_closing(self) -> bool:
+        return False
+
+
+async def test_wakes_queued_together_go_in_one_statement() -> None:
+    fake = FakePool()
+    sender = WakeSender(fake)  # type: ignore[arg-type]
+    for payload in ["r1", "r2", "r1", "r3"]:
+        sender.announce(payload)
+    await sender.drain()
+    assert fake.calls == [["r1", "r2", "r3"]]
+    sender.announce("r2")
+    await sender.drain()
+    assert fake.calls[-1] == ["r2"]
+    assert sender.statements == 2
+
+
+async def test_a_failed_wake_send_is_retried() -> None:
+    fake = FakePool(failures=2)
+    sender = WakeSender(fake, retry_delay=0.001)  # type: ignore[arg-type]
+    sender.announce("r7")
+    await sender.drain()
+    assert fake.calls == [["r7"], ["r7"], ["r7"]]
+    assert sender.statements == 1
+
+
+async def test_wake_send_commits_without_waiting_for_a_wal_flush(pool: asyncpg.Pool) -> None:
+    # The notifying transaction is asynchronous-commit: its setting is local to it.
+    async with pool.acquire() as conn:
+        await conn.fetchval(QUERIES["wake_send"], ["probe"])
+        assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        value: Any = await conn.fetchval(
+            "SELECT count(*) FROM unnest($1::text[]) w, "
+            "set_config('synchronous_commit', 'off', true) s WHERE s = 'off'",
+            ["x"],
+        )
+        assert value == 1
