@@ -20,6 +20,7 @@ import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
 
+from ductor_streams import metrics
 from ductor_streams.errors import CursorExpired, NotFound
 from ductor_streams.live.events import End, Expired, Gone, LiveBatch, Terminal
 from ductor_streams.store.models import Page
@@ -208,6 +209,8 @@ class Subscription:
             return Gone()
         self.gaps += 1
         repaired = self.last_sent + 1 - expected
+        metrics.GAP_REPAIRS.inc()
+        metrics.GAP_REPAIRED_RECORDS.inc(repaired)
         log.warning(
             "live delivery gap repaired from Postgres",
             extra={"expected_sequence": expected, "received_sequence": received},

@@ -186,3 +186,60 @@ async def test_sse_subscribers_gauge_follows_open_subscriptions(server, auth, te
                 await eventually(subscribers, lambda n: n == base + 2, what="two subscribers")
             await eventually(subscribers, lambda n: n == base + 1, what="one left")
         await eventually(subscribers, lambda n: n == base, what="none left")
+
+
+async def test_a_repaired_live_gap_is_counted_and_shown_to_operators(
+    client, auth, tenant, run_id, pool, store, database_url
+):
+    from ductor_streams.live.config import LiveSettings
+    from ductor_streams.live.events import LiveBatch
+    from ductor_streams.live.followers import Followers
+    from ductor_streams.live.hub import NotificationHub
+    from ductor_streams.store import StreamKey
+    from ductor_streams.store.read import read_page
+
+    headers = auth(tenant=tenant)
+    r = await client.post(
+        f"{API}/runs/{run_id}/streams",
+        json={"stream_id": "out", "direction": "output"},
+        headers=headers,
+    )
+    assert r.status_code == 201, r.text
+    await append(client, headers, run_id, list(range(1, 4)), stream_id="out")
+    ref = await store.get_stream(StreamKey(tenant, run_id, "out"))
+    # A hub that never LISTENs: only the batch offered by hand reaches the subscriber.
+    followers = Followers(pool, NotificationHub(database_url), LiveSettings(page_records=10))
+    sub = await followers.subscribe(ref.stream_pk, 3)
+    try:
+        await append(client, headers, run_id, list(range(4, 10)), stream_id="out")
+        page = await read_page(pool, ref.stream_pk, 0, 9)
+        before = await scrape(client)
+        sub.offer(LiveBatch([r for r in page.records if r.sequence >= 7], 9, False))  # 4-6 lost
+        item = await sub.next(5.0)
+        assert isinstance(item, list)
+        assert [r.sequence for b in item for r in b.records] == [4, 5, 6]
+        after = await scrape(client)
+    finally:
+        followers.release(ref.stream_pk, sub)
+    assert (
+        value(after, "ductor_streams_gap_repairs_total")
+        - value(before, "ductor_streams_gap_repairs_total")
+        == 1
+    )
+    assert (
+        value(after, "ductor_streams_gap_repaired_records_total")
+        - value(before, "ductor_streams_gap_repaired_records_total")
+        == 3
+    )
+    ops = auth(tenant=tenant, scopes=["streams:ops"])
+    gaps = (await client.get(f"{OPS}/gaps", params={"run": run_id}, headers=ops)).json()["gaps"]
+    assert [
+        (
+            g["stream_id"],
+            g["expected_sequence"],
+            g["received_sequence"],
+            g["repaired_records"],
+            g["detected_by"],
+        )
+        for g in gaps
+    ] == [("out", 4, 7, 3, followers.detected_by)]
