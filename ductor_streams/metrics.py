@@ -9,8 +9,9 @@ every replica would otherwise see only its own share: deliveries by state and th
 of the oldest delivery still owed (``refresh_from_database``).
 
 Call sites, by metric:
-- ``APPENDS``/``APPENDED_RECORDS``/``APPENDED_BYTES``, ``CREDIT_REJECTIONS``: the store's
-  append (``Store.append``), so HTTP, activities and object commits all count.
+- ``APPENDS``/``APPENDED_RECORDS``/``APPENDED_BYTES`` (``count_append``): the store's
+  append (``Store.append``: HTTP and activities) and the object commit.
+- ``CREDIT_REJECTIONS``: ``Store.append`` (object commits' refusals are not counted).
 - ``DELIVERY_ATTEMPTS``, ``DELIVERY_LATENCY``: the dispatcher, once per signal attempt /
   per delivered record (commit of the record -> Temporal accepted the signal).
 - ``SUBSCRIBERS``: the SSE handler (inc on start, dec in ``finally``).
@@ -55,6 +56,7 @@ __all__ = [
     "PRUNED_RECORDS",
     "REGISTRY",
     "SUBSCRIBERS",
+    "count_append",
     "refresh_from_database",
     "render",
 ]
@@ -160,6 +162,13 @@ for _outcome in ("delivered", "retrying", "dead"):
     DELIVERY_ATTEMPTS.labels(_outcome)
 for _outcome in ("done", "failed"):
     OBJECT_DELETIONS.labels(_outcome)
+
+
+def count_append(direction: str, records: int, nbytes: int) -> None:
+    """One committed append request of ``records`` records and ``nbytes`` bytes."""
+    APPENDS.labels(direction).inc()
+    APPENDED_RECORDS.labels(direction).inc(records)
+    APPENDED_BYTES.labels(direction).inc(nbytes)
 
 
 async def refresh_from_database(pool: asyncpg.Pool) -> None:

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import msgspec
 
+from ductor_streams import metrics
 from ductor_streams.errors import (
     CreditExhausted,
     DefinitionConflict,
@@ -296,6 +297,9 @@ class ObjectService:
         if row is not None:
             first = row["first_sequence"]
             result = outcome_to_result((row["outcome"], first, first))
+            if not result.replayed:
+                size = len(intent.payload.encode("utf-8"))
+                metrics.count_append(ref.definition.direction, 1, size)
             return Committed(result.first_sequence, True)
         now = await self.get(ref, intent.object_id)
         if now.state == "committed":

@@ -117,8 +117,5 @@ class Store:
 def _counted(ref: StreamRef, batch: EncodedBatch, result: AppendResult) -> AppendResult:
     """Count a committed append in the metrics (a replay committed nothing new)."""
     if not result.replayed:
-        direction = ref.definition.direction
-        metrics.APPENDS.labels(direction).inc()
-        metrics.APPENDED_RECORDS.labels(direction).inc(batch.count)
-        metrics.APPENDED_BYTES.labels(direction).inc(batch.bytes)
+        metrics.count_append(ref.definition.direction, batch.count, batch.bytes)
     return result

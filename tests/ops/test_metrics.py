@@ -243,3 +243,51 @@ async def test_a_repaired_live_gap_is_counted_and_shown_to_operators(
         )
         for g in gaps
     ] == [("out", 4, 7, 3, followers.detected_by)]
+
+
+async def test_an_object_commit_counts_as_one_appended_record(client, auth, tenant, run_id):
+    import hashlib
+
+    headers = auth(tenant=tenant)
+    base = f"{API}/runs/{run_id}/streams/files"
+    r = await client.post(
+        f"{API}/runs/{run_id}/streams",
+        json={
+            "stream_id": "files",
+            "direction": "output",
+            "placement": {"object_regions": ["local"]},
+        },
+        headers=headers,
+    )
+    assert r.status_code == 201, r.text
+    data = b"object bytes"
+    r = await client.post(
+        f"{base}/objects",
+        json={
+            "idempotency_key": "o1",
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+            "content_type": "text/plain",
+            "schema": None,
+            "region": "local",
+            "metadata": {"name": "a.txt"},
+        },
+        headers=headers,
+    )
+    assert r.status_code == 201, r.text
+    object_id = r.json()["object_id"]
+    r = await client.put(f"{base}/objects/{object_id}/content", content=data, headers=headers)
+    assert r.status_code == 200, r.text
+    before = await scrape(client)
+    r = await client.post(f"{base}/objects/{object_id}/commit", headers=headers)
+    assert r.status_code == 201, r.text
+    again = await client.post(f"{base}/objects/{object_id}/commit", headers=headers)
+    assert again.status_code == 200
+    after = await scrape(client)
+
+    def delta(name: str) -> float:
+        return value(after, name, direction="output") - value(before, name, direction="output")
+
+    assert delta("ductor_streams_appends_total") == 1
+    assert delta("ductor_streams_appended_records_total") == 1
+    assert delta("ductor_streams_appended_bytes_total") == len(b'{"name":"a.txt"}')
