@@ -1,5 +1,5 @@
 """Fixtures of the object tests: see tests/support/objects.py."""
 
-from tests.support.objects import gcs_emulator, objects_env
+from tests.support.objects import gcs_emulator, object_server, objects_env
 
-__all__ = ["gcs_emulator", "objects_env"]
+__all__ = ["gcs_emulator", "object_server", "objects_env"]

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 import asyncpg
+import httpx
 
 from tests.conftest import TokenFactory
 from tests.support.objects import (
@@ -197,8 +199,7 @@ async def test_abort_removes_bytes_and_blocks_commit(
     assert aborted.json() == {"object_id": object_id, "state": "aborted"}
     assert await objects_env.keys(pk) == []
     outbox = await pool.fetch(
-        "SELECT reason, state, attempts FROM workflow_streams.deletion_outbox "
-        "WHERE object_id = $1",
+        "SELECT reason, state, attempts FROM workflow_streams.deletion_outbox WHERE object_id = $1",
         __import__("uuid").UUID(object_id),
     )
     assert [tuple(r) for r in outbox] == [("aborted", "done", 1)]
@@ -220,7 +221,7 @@ async def test_abort_of_committed_object_is_refused(
 ) -> None:
     api = api_for(objects_env, auth, run_id)
     await create_stream(api.client, api.headers, run_id)
-    object_id, sequence = await api.put_object(b"kept")
+    object_id, _ = await api.put_object(b"kept")
     response = await api.abort(object_id)
     assert response.status_code == 409 and response.json()["code"] == "object_committed"
     upload = await api.upload(object_id, b"kept")
@@ -297,18 +298,20 @@ async def test_commit_follows_close_and_credit_rules(
 
 
 async def test_concurrent_commits_append_once(
-    objects_env: ObjectEnv, auth: TokenFactory, run_id: str
+    objects_env: ObjectEnv, object_server: Any, auth: TokenFactory, run_id: str
 ) -> None:
-    api = api_for(objects_env, auth, run_id)
-    await create_stream(api.client, api.headers, run_id)
-    data = os.urandom(256 * 1024)
-    object_id = (await api.prepare(prepare_body(data))).json()["object_id"]
-    assert (await api.upload(object_id, data)).status_code == 200
-    answers = await asyncio.gather(*(api.commit(object_id) for _ in range(8)))
-    assert sorted(a.status_code for a in answers) == [200] * 7 + [201]
-    assert {a.json()["sequence"] for a in answers} == {1}
-    page = (await api.records()).json()
-    assert [r["sequence"] for r in page["records"]] == [1]
+    headers = auth()
+    async with httpx.AsyncClient(base_url=object_server.url, timeout=60) as http:
+        api = ObjectApi(http, headers, run_id)
+        await create_stream(http, headers, run_id)
+        data = os.urandom(256 * 1024)
+        object_id = (await api.prepare(prepare_body(data))).json()["object_id"]
+        assert (await api.upload(object_id, data)).status_code == 200
+        answers = await asyncio.gather(*(api.commit(object_id) for _ in range(8)))
+        assert sorted(a.status_code for a in answers) == [200] * 7 + [201]
+        assert {a.json()["sequence"] for a in answers} == {1}
+        page = (await api.records()).json()
+        assert [r["sequence"] for r in page["records"]] == [1]
 
 
 async def test_access_scope_tenant_and_egress(

@@ -96,6 +96,16 @@ async def objects_env(
         yield ObjectEnv(kind, env_settings, client, BlobStores(env_settings.object_stores))
 
 
+@pytest.fixture(scope="session")
+def object_server(objects_env: ObjectEnv) -> Iterator[Any]:
+    """A real ``serve --no-workers`` subprocess over the same store (truly concurrent
+    requests, unlike the in-process test client)."""
+    from tests.support.server import ServerProcess
+
+    with ServerProcess(objects_env.settings) as server:
+        yield server
+
+
 def sha256_hex(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
@@ -135,9 +145,9 @@ def prepare_body(data: bytes, key: str | None = None, **extra: Any) -> dict[str,
 
 @dataclass
 class ObjectApi:
-    """Calls of the object routes of one stream."""
+    """Calls of the object routes of one stream (in-process client or httpx to a server)."""
 
-    client: AsyncTestClient[Any]
+    client: Any
     headers: dict[str, str]
     run_id: str
     stream_id: str = "artifacts"
@@ -151,7 +161,9 @@ class ObjectApi:
             f"{self.base}/objects", json=body, headers=headers or self.headers
         )
 
-    async def upload(self, object_id: str, data: bytes, headers: dict[str, str] | None = None) -> Any:
+    async def upload(
+        self, object_id: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> Any:
         return await self.client.put(
             f"{self.base}/objects/{object_id}/content",
             content=data,
