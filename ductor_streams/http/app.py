@@ -91,6 +91,9 @@ def create_app(
             security=[{"bearer": []}],
         ),
         debug=False,
+        # Logging is ours (logs.configure_logging: JSON lines); Litestar's default config
+        # would replace the root handler with its plain-text one.
+        logging_config=None,
     )
 
 
