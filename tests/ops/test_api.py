@@ -417,3 +417,67 @@ async def test_page_is_served_to_anyone_and_holds_no_data(client, auth, tenant, 
     assert css.status_code == 200 and css.headers["content-type"].startswith("text/css")
     assert_problem(await client.get(f"{OPS}/static/..%2Fapp.py"), 404, "not_found")
     assert_problem(await client.get(f"{OPS}/static/ops.html"), 404, "not_found")
+
+
+async def test_retry_wakes_dispatchers_through_the_notification_hub(
+    client, auth, tenant, pool, database_url
+):
+    from ductor_streams.live.hub import NotificationHub
+    from tests.temporal.polling import eventually
+
+    admin = auth(tenant=tenant)
+    await input_stream(client, admin, "run-w")
+    await append(client, admin, "run-w", ["x"])
+    (delivery,) = await delivery_ids(pool, tenant, "run-w", "in")
+    await mark_dead(pool, [delivery], "gone")
+    stream_pk = await pool.fetchval(
+        "SELECT stream_pk FROM workflow_streams.input_deliveries WHERE delivery_id = $1", delivery
+    )
+    hub = NotificationHub(database_url)
+    await hub.start()
+    woken: list[int] = []
+    undo = hub.subscribe_any(woken.append)
+    try:
+        ops = auth(tenant=tenant, scopes=OPS_ONLY)
+        r = await client.post(f"{OPS}/deliveries/{delivery}/retry", headers=ops)
+        assert r.status_code == 200, r.text
+
+        async def wakes() -> list[int]:
+            return list(woken)
+
+        await eventually(wakes, lambda w: stream_pk in w, timeout=10, what="the retry's wake")
+        # a refused retry changes nothing and wakes nobody
+        woken.clear()
+        again = await client.post(f"{OPS}/deliveries/{delivery}/retry", headers=ops)
+        assert_problem(again, 409, "delivery_not_dead")
+        # notifications arrive in commit order: a wake from the refused retry would come
+        # before this probe's
+        await pool.execute("SELECT pg_notify('workflow_streams', 'r0')")
+        await eventually(wakes, lambda w: 0 in w, timeout=10, what="the probe wake")
+        assert stream_pk not in woken
+    finally:
+        undo()
+        await hub.close()
+
+
+async def test_concurrent_retries_of_one_dead_delivery_succeed_once(client, auth, tenant, pool):
+    import asyncio
+
+    admin = auth(tenant=tenant)
+    await input_stream(client, admin, "run-r")
+    await append(client, admin, "run-r", ["x"])
+    (delivery,) = await delivery_ids(pool, tenant, "run-r", "in")
+    await mark_dead(pool, [delivery], "gone")
+    operators = [auth(tenant=tenant, scopes=OPS_ONLY, sub=f"op-{i}") for i in range(12)]
+    answers = await asyncio.gather(
+        *(client.post(f"{OPS}/deliveries/{delivery}/retry", headers=h) for h in operators)
+    )
+    codes = sorted(r.status_code for r in answers)
+    assert codes == [200] + [409] * 11
+    (winner,) = [r.json()["retried_by"] for r in answers if r.status_code == 200]
+    row = await pool.fetchrow(
+        "SELECT state, retried_by, attempts FROM workflow_streams.input_deliveries "
+        "WHERE delivery_id = $1",
+        delivery,
+    )
+    assert (row["state"], row["retried_by"], row["attempts"]) == ("pending", winner, 0)
