@@ -84,7 +84,7 @@ class GcsBlobStore:
         writer = await asyncio.to_thread(
             temp.open, "wb", chunk_size=UPLOAD_CHUNK, content_type=content_type
         )
-        hasher = EvidenceHasher()
+        hasher = EvidenceHasher(md5=True)
         written = False
         try:
             async for block in blocks(chunks, pins):

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator
@@ -148,15 +147,11 @@ def _promote(temp: Path, final: Path) -> None:
 
 
 def _measure(path: Path) -> Evidence | None:
-    sha256 = hashlib.sha256()
-    md5 = hashlib.md5(usedforsecurity=False)
-    size = 0
+    hasher = EvidenceHasher()
     try:
         with open(path, "rb") as handle:
             while block := handle.read(BLOCK_BYTES):
-                sha256.update(block)
-                md5.update(block)
-                size += len(block)
+                hasher.update(block)
     except FileNotFoundError:
         return None
-    return Evidence(size, sha256.hexdigest(), md5.hexdigest())
+    return hasher.evidence()

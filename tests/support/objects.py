@@ -5,6 +5,7 @@ store, and helpers. Imported by tests/objects/conftest.py and tests/maintenance/
 
 from __future__ import annotations
 
+import atexit
 import hashlib
 import os
 import secrets
@@ -34,26 +35,28 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture(scope="session")
-def gcs_emulator() -> Iterator[str]:
-    """gcp-storage-emulator in this process (in memory); its URL is in
-    STORAGE_EMULATOR_HOST, so clients made here and in child processes use it."""
-    from gcp_storage_emulator.server import create_server
+_EMULATOR: dict[str, str] = {}
 
-    port = _free_port()
-    server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
-    server.start()
-    url = f"http://127.0.0.1:{port}"
-    previous = os.environ.get("STORAGE_EMULATOR_HOST")
-    os.environ["STORAGE_EMULATOR_HOST"] = url
-    try:
-        yield url
-    finally:
-        server.stop()
-        if previous is None:
-            os.environ.pop("STORAGE_EMULATOR_HOST", None)
-        else:
-            os.environ["STORAGE_EMULATOR_HOST"] = previous
+
+def start_gcs_emulator() -> str:
+    """gcp-storage-emulator in this process (in memory), started once per test process
+    (both test folders' fixtures share it) and stopped at exit. Its URL goes in
+    STORAGE_EMULATOR_HOST, so clients made here and in child processes use it."""
+    if "url" not in _EMULATOR:
+        from gcp_storage_emulator.server import create_server
+
+        port = _free_port()
+        server = create_server("127.0.0.1", port, in_memory=True, default_bucket=BUCKET)
+        server.start()
+        atexit.register(server.stop)
+        _EMULATOR["url"] = f"http://127.0.0.1:{port}"
+        os.environ["STORAGE_EMULATOR_HOST"] = _EMULATOR["url"]
+    return _EMULATOR["url"]
+
+
+@pytest.fixture(scope="session")
+def gcs_emulator() -> str:
+    return start_gcs_emulator()
 
 
 @dataclass
