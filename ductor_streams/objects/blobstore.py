@@ -8,10 +8,12 @@ bytes written through this service.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
 import re
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator
+from collections.abc import AsyncIterable, AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
@@ -149,6 +151,26 @@ async def blocks(chunks: AsyncIterable[bytes], pins: Pins) -> AsyncIterator[byte
             pending = 0
     if parts:
         yield b"".join(parts)
+
+
+async def pump(source: AsyncIterable[bytes], sink: Callable[[bytes], None]) -> None:
+    """Feed each block of ``source`` to ``sink`` in a worker thread, in order, receiving
+    the next block while the thread hashes and writes the previous one. At most two
+    blocks are held at once; the thread is always finished before this returns or
+    raises, so the caller may close what ``sink`` writes to."""
+    pending: asyncio.Future[None] | None = None
+    try:
+        async for block in source:
+            if pending is not None:
+                await pending
+            pending = asyncio.ensure_future(asyncio.to_thread(sink, block))
+        if pending is not None:
+            await pending
+    finally:
+        if pending is not None and not pending.done():
+            # A thread cannot be cancelled: let the write in flight finish first.
+            with contextlib.suppress(BaseException):
+                await asyncio.shield(pending)
 
 
 class BlobStore(Protocol):

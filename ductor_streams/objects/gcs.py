@@ -22,6 +22,7 @@ import os
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator
 from datetime import UTC, datetime
+from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -37,6 +38,7 @@ from ductor_streams.objects.blobstore import (
     StoredBlob,
     blocks,
     mismatch,
+    pump,
     temp_key,
 )
 
@@ -87,8 +89,7 @@ class GcsBlobStore:
         hasher = EvidenceHasher(md5=True)
         written = False
         try:
-            async for block in blocks(chunks, pins):
-                await asyncio.to_thread(_hash_and_write, hasher, writer, block)
+            await pump(blocks(chunks, pins), partial(_hash_and_write, hasher, writer))
             await asyncio.to_thread(writer.close)
             written = True
             evidence = hasher.evidence()

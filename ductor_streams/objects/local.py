@@ -14,6 +14,7 @@ import os
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import unquote, urlsplit
@@ -30,6 +31,7 @@ from ductor_streams.objects.blobstore import (
     StoredBlob,
     blocks,
     mismatch,
+    pump,
     temp_key,
 )
 
@@ -63,8 +65,7 @@ class LocalBlobStore:
         handle: BinaryIO = await asyncio.to_thread(open, temp, "xb")
         hasher = EvidenceHasher()
         try:
-            async for block in blocks(chunks, pins):
-                await asyncio.to_thread(_hash_and_write, hasher, handle, block)
+            await pump(blocks(chunks, pins), partial(_hash_and_write, hasher, handle))
             await asyncio.to_thread(_sync_and_close, handle)
             evidence = hasher.evidence()
             if not evidence.matches(pins):

@@ -12,6 +12,7 @@ from typing import Any
 
 import asyncpg
 import httpx
+import psutil
 import pytest
 from litestar.testing import AsyncTestClient
 
@@ -280,6 +281,16 @@ async def test_upload_through_real_server_streams_32_mib(
     data = os.urandom(32 * MiB)
     base = f"{API}/runs/{run_id}/streams/artifacts"
     with ServerProcess(objects_env.settings) as server:
+        assert server.process is not None
+        process = psutil.Process(server.process.pid)
+        peak = [0]
+        sampling = asyncio.Event()
+
+        async def sample() -> None:
+            while not sampling.is_set():
+                peak[0] = max(peak[0], process.memory_info().rss)
+                await asyncio.sleep(0.002)
+
         async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=120) as http:
             created = await http.post(
                 f"{API}/runs/{run_id}/streams",
@@ -291,8 +302,15 @@ async def test_upload_through_real_server_streams_32_mib(
             wrong = await http.put(f"{base}/objects/{object_id}/content", content=b"\0" + data[1:])
             assert wrong.status_code == 422
             assert wrong.json()["code"] == "object_evidence_mismatch"
+            before = process.memory_info().rss
+            sampler = asyncio.ensure_future(sample())
             put = await http.put(f"{base}/objects/{object_id}/content", content=data)
+            sampling.set()
+            await sampler
             assert put.status_code == 200, put.text
+            # Streamed in ~1 MiB blocks: the server never holds the 32 MiB body (one copy
+            # alone would add 32 MiB to its resident size).
+            assert before <= peak[0] < before + 16 * MiB, (before, peak[0])
             commit = await http.post(f"{base}/objects/{object_id}/commit")
             assert commit.status_code == 201 and commit.json() == {"sequence": 1}
             got = await http.get(f"{base}/objects/{object_id}/content")
