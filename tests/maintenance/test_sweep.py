@@ -223,3 +223,33 @@ async def test_serve_runs_upkeep_periodically(
 
         await poll(pruned)
     assert await prune_stream(pool, pk) == (0, 0)
+
+
+async def test_two_workers_delete_each_object_once(
+    objects_env: ObjectEnv, auth: TokenFactory, run_id: str, pool: asyncpg.Pool, tenant: str
+) -> None:
+    from ductor_streams.maintenance.deletions import run_deletions
+    from ductor_streams.maintenance.sweep import sweep_orphans
+
+    await create_stream(objects_env.client, auth(), run_id)
+    pk = await stream_pk(pool, tenant, run_id, "artifacts")
+    await run_pass(pool, objects_env.stores, orphan_grace_seconds=0)  # earlier leftovers
+    data = b"stray"
+    pins = Pins(len(data), sha256_hex(data))
+    keys = sorted(storage_key(pk, uuid.uuid4()) for _ in range(20))
+    for key in keys:
+        await objects_env.store.write(key, _once(data), pins=pins, content_type="x/y")
+    assert await sweep_orphans(pool, objects_env.stores, grace_seconds=0) == 20
+    reports = await asyncio.gather(
+        run_deletions(pool, objects_env.stores, batch=3),
+        run_deletions(pool, objects_env.stores, batch=3),
+    )
+    assert sum(r.deleted for r in reports) == 20
+    assert sum(r.failed for r in reports) == 0
+    rows = await pool.fetch(
+        "SELECT storage_key, state, attempts FROM workflow_streams.deletion_outbox "
+        "WHERE stream_pk = $1 ORDER BY storage_key",
+        pk,
+    )
+    assert [tuple(r) for r in rows] == [(k, "done", 1) for k in keys]
+    assert await objects_env.keys(pk) == []

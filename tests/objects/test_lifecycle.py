@@ -358,3 +358,16 @@ async def test_object_of_another_stream_is_not_found(
     other = ObjectApi(api.client, api.headers, run_id, "other")
     for response in (await other.download(object_id), await other.commit(object_id)):
         assert response.status_code == 404 and response.json()["code"] == "not_found"
+
+
+async def test_object_on_input_stream_is_queued_for_delivery(
+    objects_env: ObjectEnv, auth: TokenFactory, run_id: str, pool: asyncpg.Pool, tenant: str
+) -> None:
+    api = api_for(objects_env, auth, run_id)
+    await create_stream(api.client, api.headers, run_id, direction="input")
+    _, sequence = await api.put_object(b"for the workflow")
+    pk = await stream_pk(pool, tenant, run_id, "artifacts")
+    rows = await pool.fetch(
+        "SELECT sequence FROM workflow_streams.input_deliveries WHERE stream_pk = $1", pk
+    )
+    assert [r["sequence"] for r in rows] == [sequence] == [1]
