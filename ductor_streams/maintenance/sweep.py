@@ -53,7 +53,8 @@ async def sweep_orphans(
         old = [b.key for b in blobs if b.updated_at <= cutoff]
         # A temporary part is never owned: past the grace, its upload is over.
         temporary = [k for k in old if (p := parse_key(k)) is None or p.temporary]
-        final = [k for k in old if k not in set(temporary)]
+        skip = set(temporary)
+        final = [k for k in old if k not in skip]
         unowned = temporary + [
             r["key"] for r in await pool.fetch(QUERIES["storage_keys_unowned"], final)
         ]
