@@ -33,6 +33,8 @@ _TYPES: dict[type[errors.StreamsError], str] = {
     errors.ObjectExpired: error_types.OBJECT_REJECTED,
     errors.ObjectEvidenceMismatch: error_types.OBJECT_REJECTED,
     errors.ObjectTooLarge: error_types.OBJECT_REJECTED,
+    errors.ObjectCommitted: error_types.OBJECT_REJECTED,
+    errors.ObjectPruned: error_types.OBJECT_REJECTED,
 }
 
 

@@ -24,11 +24,39 @@ from ductor_streams.store.db import create_pool
 
 
 class StreamsActivities:
-    """The activities, bound to one store. ``lifetime()`` opens and closes its pool."""
+    """The activities, bound to one store. ``lifetime()`` opens and closes its pool.
+
+    While a lifetime runs, ``StreamsActivities.current()`` is the instance (the object
+    helpers for activity code, ``activities.objects``, use its store).
+    """
+
+    _current: StreamsActivities | None = None
 
     def __init__(self, settings: Settings, *, store: Store | None = None) -> None:
         self._settings = settings
         self._store = store
+        self._objects: Any = None
+
+    @classmethod
+    def current(cls) -> StreamsActivities:
+        if cls._current is None:
+            raise RuntimeError("no StreamsPlugin worker is running in this process")
+        return cls._current
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    def object_service(self) -> Any:
+        """The large-object service over this store (``objects.intents.ObjectService``)."""
+        if self._objects is None:
+            from ductor_streams.objects import BlobStores
+            from ductor_streams.objects.intents import ObjectService
+
+            self._objects = ObjectService(
+                self.store, BlobStores(self._settings.object_stores), region=self._settings.region
+            )
+        return self._objects
 
     @property
     def store(self) -> Store:
@@ -39,16 +67,22 @@ class StreamsActivities:
     @contextlib.asynccontextmanager
     async def lifetime(self) -> AsyncIterator[None]:
         """Open a pool for the worker's life (the plugin's ``run_context``)."""
-        if self._store is not None:
-            yield
-            return
-        pool = await create_pool(self._settings.require_database(), min_size=1, max_size=10)
-        self._store = Store(pool)
+        previous = StreamsActivities._current
+        StreamsActivities._current = self
         try:
-            yield
+            if self._store is not None:
+                yield
+                return
+            pool = await create_pool(self._settings.require_database(), min_size=1, max_size=10)
+            self._store = Store(pool)
+            try:
+                yield
+            finally:
+                self._store = None
+                self._objects = None
+                await pool.close()
         finally:
-            self._store = None
-            await pool.close()
+            StreamsActivities._current = previous
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity, for ``Worker(activities=...)`` or a plugin."""

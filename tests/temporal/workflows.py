@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import Any
 
 from temporalio import workflow
+from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
     from ductor_streams.plugin.workflow import Streams, StreamsSnapshot
@@ -114,3 +116,29 @@ class QuickWorkflow:
     async def run(self) -> str:
         await self.streams.create("input", "input")
         return "done"
+
+
+@workflow.defn
+class ArtifactWorkflow:
+    """Creates an output stream, stores an artifact from an activity, reads it back."""
+
+    def __init__(self) -> None:
+        self.streams = Streams()
+
+    @workflow.run
+    async def run(self, size: int) -> list[Any]:
+        await self.streams.create("artifacts", "output", content_class="tool_io")
+        stored = await workflow.execute_activity(
+            "make_artifact",
+            size,
+            start_to_close_timeout=timedelta(seconds=60),
+            retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1)),
+            result_type=dict,
+        )
+        digest = await workflow.execute_activity(
+            "read_artifact",
+            stored["object_id"],
+            start_to_close_timeout=timedelta(seconds=60),
+            result_type=str,
+        )
+        return [stored, digest]
