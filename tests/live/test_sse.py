@@ -221,7 +221,9 @@ async def test_race_20_subscribers_join_at_random_moments_during_500_appends(ser
         assert [r["payload"] for r in got.records] == list(range(cursor + 1, total + 1))
 
 
-async def test_killed_listen_connection_loses_and_repeats_nothing(server, auth, run_id, pool):
+async def test_killed_listen_connection_loses_and_repeats_nothing(live_server, auth, run_id, pool):
+    """On a server without the safety poll, so only the hub's reconnect can save it."""
+    server = live_server
     h = auth()
     total = 300
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
