@@ -77,18 +77,18 @@ async def dispatcher_service(app: Any) -> AsyncIterator[None]:
     ``app`` is anything with ``.state.store`` and ``.state.settings`` (the Litestar app
     in ``serve``, a plain holder in ``workers``).
     """
-    from temporalio.client import Client
-
     from ductor_streams.delivery.temporal import TemporalWaitService
 
     settings: Settings = app.state.settings
     store = app.state.store
-    client = await Client.connect(
-        settings.require_temporal(), namespace=settings.temporal_namespace
+    # Connects on first delivery: Temporal being down delays input (rows back off, with
+    # the reason in last_error) but never stops the process from starting.
+    wait_service = TemporalWaitService.connecting(
+        settings.require_temporal(), settings.temporal_namespace
     )
     dispatcher = Dispatcher(
         store.pool,
-        TemporalWaitService(client),
+        wait_service,
         tenant=settings.tenant,
         owner=os.environ.get("DUCTOR_STREAMS_DELIVERY_OWNER") or None,
         config=config_from_env(),

@@ -216,3 +216,25 @@ async def test_missing_workflow_waits_out_the_grace_then_dead(
     async with running_dispatcher(pool, wf_client, wf_settings.tenant, not_found_grace=0.0):
         rows = await eventually(lambda: deliveries(pool, ref), lambda rs: rs[0]["state"] == "dead")
     assert (rows[0]["attempts"], rows[0]["last_error"]) == (2, f"no workflow with ID {run_id!r}")
+
+
+async def test_unreachable_temporal_is_a_retryable_failure(
+    store: Store, pool: asyncpg.Pool
+) -> None:
+    from ductor_streams.delivery.temporal import TemporalWaitService
+    from tests.support.server import free_port
+
+    tenant = f"d-{uuid.uuid4().hex[:8]}"
+    ref = await input_stream(store, tenant, "run-offline")
+    await append_inputs(store, ref, [1, 2])
+    wait = TemporalWaitService.connecting(f"127.0.0.1:{free_port()}", "default")
+    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="offline", config=FAST)
+    started = time.monotonic()
+    assert await dispatcher.run_once() == 2
+    rows = await deliveries(pool, ref)
+    assert [(r["state"], r["attempts"], r["lease_owner"]) for r in rows] == [
+        ("retrying", 1, None),
+        ("pending", 0, None),
+    ]
+    assert rows[0]["last_error"].startswith("temporal unreachable: ")
+    assert time.monotonic() - started < 15
