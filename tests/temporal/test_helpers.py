@@ -35,6 +35,7 @@ from tests.temporal.workflows import (
     CollectInput,
     CollectResult,
     CollectWorkflow,
+    IterateWorkflow,
 )
 
 
@@ -205,3 +206,27 @@ async def test_continue_as_new_keeps_the_position(
     first = wf_client.get_workflow_handle(run_id, run_id=first_run)
     await replay(plugin, await first.fetch_history(), CollectWorkflow)
     await replay(plugin, await handle.fetch_history(), CollectWorkflow)
+
+
+async def test_iteration_ends_after_the_idle_timeout(
+    wf_client: Client,
+    make_worker: WorkerFactory,
+    task_queue: str,
+    run_id: str,
+    store: Store,
+    wf_settings: Settings,
+    plugin: StreamsPlugin,
+) -> None:
+    async with make_worker([IterateWorkflow]):
+        handle = await wf_client.start_workflow(
+            IterateWorkflow.run, 3.0, id=run_id, task_queue=task_queue
+        )
+        ref = await stream_ref(store, wf_settings.tenant, run_id, "input")
+        await append_inputs(store, ref, [1, 2, 3])
+        for sequence in (1, 2, 3):
+            await handle.signal(INPUT_SIGNAL, signal_arg(sequence, sequence))
+        assert await handle.result() == [1, 2, 3]
+        history = await handle.fetch_history()
+    timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED]
+    assert len(timers) >= 1  # the idle timeout is a workflow timer: replay-safe
+    await replay(plugin, history, IterateWorkflow)

@@ -142,3 +142,21 @@ class ArtifactWorkflow:
             result_type=str,
         )
         return [stored, digest]
+
+
+@workflow.defn
+class IterateWorkflow:
+    """Iterates its input until it stays idle for the given seconds."""
+
+    def __init__(self) -> None:
+        self.streams = Streams()
+
+    @workflow.run
+    async def run(self, idle_seconds: float) -> list[int]:
+        await self.streams.create("input", "input")
+        return [
+            record.sequence
+            async for record in self.streams.records(
+                "input", idle_timeout=timedelta(seconds=idle_seconds)
+            )
+        ]
