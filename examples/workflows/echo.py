@@ -13,6 +13,7 @@ Run its worker from the repository root: ``python -m examples.workflows.echo``
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from temporalio import workflow
@@ -23,8 +24,28 @@ with workflow.unsafe.imports_passed_through():
 TASK_QUEUE = "ductor-streams-examples"
 
 
+# Temporal refuses payloads over 2 MB (and warns from 512 KB): one append carries at
+# most about this much, so a batch of large records goes out in several appends.
+MAX_APPEND_BYTES = 256 * 1024
+
+
 def is_done(payload: Any) -> bool:
     return isinstance(payload, dict) and payload.get("done") is True
+
+
+def in_groups(payloads: list[Any], max_bytes: int = MAX_APPEND_BYTES) -> list[list[Any]]:
+    """Consecutive groups, each at most ``max_bytes`` of JSON (or a single payload)."""
+    groups: list[list[Any]] = []
+    size = 0
+    for payload in payloads:
+        length = len(json.dumps(payload, separators=(",", ":")))
+        if groups and size + length <= max_bytes:
+            groups[-1].append(payload)
+            size += length
+        else:
+            groups.append([payload])
+            size = length
+    return groups
 
 
 @workflow.defn(name="EchoWorkflow")
@@ -48,9 +69,9 @@ class EchoWorkflow:
                     done = True
                     break
                 echoes.append({"echo": record.payload})
-            if echoes:
-                await self.streams.append_many("output", echoes)
-                echoed += len(echoes)
+            for group in in_groups(echoes):
+                await self.streams.append_many("output", group)
+                echoed += len(group)
             if done:
                 await self.streams.close("output")
                 await self.streams.flush_acks()
