@@ -76,12 +76,15 @@ class AckResult:
 
 @dataclass
 class ReadInput:
-    """Records with ``sequence > cursor``, ascending, at most ``limit`` (1 to 1,000)."""
+    """Records with ``sequence > cursor``, ascending, at most ``limit`` (1 to 1,000) and
+    at most ``max_bytes`` of payload (at least one record): Temporal refuses results
+    over 2 MB."""
 
     run_id: str
     stream_id: str
     cursor: int
     limit: int = 100
+    max_bytes: int = 1024 * 1024
 
 
 @dataclass

@@ -139,8 +139,13 @@ class StreamsActivities:
         with domain_errors():
             ref = await self.store.get_stream(self._key(request.run_id, request.stream_id))
             page = await self.store.read(ref, request.cursor, max(1, min(request.limit, 1000)))
-        return models.ReadResult(
-            records=[
+        records: list[models.StreamRecord] = []
+        total = 0
+        for r in page.records:
+            total += r.size
+            if records and total > request.max_bytes:
+                break
+            records.append(
                 models.StreamRecord(
                     stream_id=request.stream_id,
                     sequence=r.sequence,
@@ -148,9 +153,10 @@ class StreamsActivities:
                     object=r.object,
                     appended_at=r.appended_at.isoformat(),
                 )
-                for r in page.records
-            ],
-            next_cursor=page.next_cursor,
+            )
+        return models.ReadResult(
+            records=records,
+            next_cursor=records[-1].sequence if records else request.cursor,
             earliest_sequence=page.earliest_sequence,
             latest_sequence=page.latest_sequence,
             closed=page.closed,

@@ -126,7 +126,11 @@ class Streams:
     ) -> None:
         snapshot = snapshot or StreamsSnapshot()
         self._lanes: dict[str, _Lane] = {
-            stream_id: _Lane(InputPosition(p.next_sequence, p.acked, p.highest_seen), catch_up=True)
+            # Records that reached the predecessor but were not consumed are read back.
+            stream_id: _Lane(
+                InputPosition(p.next_sequence, p.acked, p.highest_seen),
+                catch_up=p.highest_seen >= p.next_sequence,
+            )
             for stream_id, p in snapshot.inputs.items()
         }
         self._append_counts = dict(snapshot.append_counts)
@@ -210,8 +214,7 @@ class Streams:
         lane = self._lane(stream_id)
         deadline = None if timeout is None else workflow.time() + timeout.total_seconds()
         while True:
-            if lane.catch_up:
-                lane.catch_up = False
+            if lane.catch_up and lane.position.next_sequence not in lane.held:
                 await self._fetch(stream_id, lane, until=None)
             ready = self._take(lane, max_records)
             if ready:
@@ -326,10 +329,12 @@ class Streams:
         return ready
 
     async def _fetch(self, stream_id: str, lane: _Lane, *, until: int | None) -> None:
-        """Read the missing records from the store: from the next expected sequence up to
-        (not including) ``until``, or as far as the store has them."""
+        """Read missing records from the store: from the next expected sequence up to (not
+        including) ``until``, or up to the highest sequence this run has heard of. One page
+        (at most 1 MiB); ``catch_up`` stays set while the range is not complete."""
         start = lane.position.next_sequence
-        wanted = 1000 if until is None else max(1, min(1000, until - start))
+        last = (until - 1) if until is not None else lane.position.highest_seen
+        wanted = max(1, min(1000, last - start + 1))
         page: ReadResult = await workflow.execute_activity(
             READ,
             ReadInput(self._run_id(), stream_id, start - 1, wanted),
@@ -338,6 +343,7 @@ class Streams:
         )
         for record in page.records:
             self._hold(lane, record)
+        lane.catch_up = bool(page.records) and page.records[-1].sequence < last
 
     def _maybe_ack(self, stream_id: str, lane: _Lane) -> None:
         if lane.ack_task is not None and not lane.ack_task.done():
