@@ -108,7 +108,8 @@ class _Lane:
 class Streams:
     """The run's streams, from inside its workflow. Create it in the workflow's
     ``__init__`` (so the input signal handler exists from the first task), passing the
-    snapshot that came with Continue-As-New, if any.
+    snapshot that came with Continue-As-New, if any. One per workflow: it owns the
+    ``ductor_streams.input`` signal handler.
 
     ``ack_every``: acknowledge at least every this many consumed records (and whenever
     the workflow waits with everything consumed). ``gap_timeout``: how long a missing

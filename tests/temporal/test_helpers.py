@@ -230,3 +230,33 @@ async def test_iteration_ends_after_the_idle_timeout(
     timers = [e for e in history.events if e.event_type == EventType.EVENT_TYPE_TIMER_FIRED]
     assert len(timers) >= 1  # the idle timeout is a workflow timer: replay-safe
     await replay(plugin, history, IterateWorkflow)
+
+
+async def test_shuffled_repeated_signals_arrive_once_in_order(
+    wf_client: Client,
+    make_worker: WorkerFactory,
+    task_queue: str,
+    run_id: str,
+    store: Store,
+    wf_settings: Settings,
+) -> None:
+    import random
+
+    rng = random.Random(5)
+    sends = [s for s in range(1, 31) for _ in range(rng.randint(1, 3))]
+    rng.shuffle(sends)
+    async with make_worker([CollectWorkflow]):
+        handle = await wf_client.start_workflow(
+            CollectWorkflow.run,
+            CollectInput(expect=30, gap_timeout_s=30.0),  # no store reads: signals only
+            id=run_id,
+            task_queue=task_queue,
+        )
+        ref = await stream_ref(store, wf_settings.tenant, run_id, "input")
+        await append_inputs(store, ref, list(range(1, 31)))
+        for sequence in sends:
+            await handle.signal(INPUT_SIGNAL, signal_arg(sequence, sequence))
+        result = await handle.result()
+        assert result.sequences == list(range(1, 31))
+        assert result.payloads == list(range(1, 31))
+        assert await handle.query(CollectWorkflow.duplicates_dropped) == len(sends) - 30
