@@ -22,15 +22,15 @@ async def count_by_state(
 ) -> tuple[dict[str, int], float | None]:
     """Deliveries per state (every state present, 0 included) and the age in seconds of
     the oldest one still to be made (pending or retrying), or ``None``."""
-    rows = await pool.fetch(QUERIES["ops_deliveries_count_by_state"], *view.args())
+    if view == Visibility.everything():
+        rows = await pool.fetch(QUERIES["ops_deliveries_count_all"])
+    else:
+        rows = await pool.fetch(QUERIES["ops_deliveries_count_by_state"], *view.args())
     counts = dict.fromkeys(DELIVERY_STATES, 0)
-    oldest: float | None = None
     for row in rows:
         counts[row["state"]] = row["deliveries"]
-        if row["state"] in ("pending", "retrying"):
-            age = max(0.0, row["oldest_age_seconds"])
-            oldest = age if oldest is None else max(oldest, age)
-    return counts, oldest
+    oldest = await pool.fetchval(QUERIES["ops_deliveries_oldest_owed"], *view.args())
+    return counts, max(0.0, oldest) if oldest is not None else None
 
 
 async def summarize(pool: asyncpg.Pool, view: Visibility, *, max_streams: int) -> DeliverySummary:

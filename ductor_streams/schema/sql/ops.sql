@@ -57,14 +57,30 @@ WITH retried AS (
 SELECT delivery_id FROM retried, (SELECT count(*) FROM wake) w;
 
 -- name: ops_deliveries_count_by_state
--- Counts by state and the age (seconds) of the oldest delivery still owed.
-SELECT d.state, count(*) AS deliveries,
-       extract(epoch FROM now() - min(d.created_at))::float8 AS oldest_age_seconds
+-- Deliveries per state of the visible streams.
+SELECT d.state, count(*) AS deliveries
   FROM workflow_streams.input_deliveries d
   JOIN workflow_streams.streams s ON s.stream_pk = d.stream_pk
  WHERE ($1::text IS NULL OR s.tenant = $1)
    AND ($2::text[] IS NULL OR s.run_id = ANY($2::text[]))
  GROUP BY d.state;
+
+-- name: ops_deliveries_count_all
+-- Deliveries per state, every tenant (metrics): an index-only scan of
+-- input_deliveries_state, however many delivered rows there are.
+SELECT state, count(*) AS deliveries
+  FROM workflow_streams.input_deliveries
+ GROUP BY state;
+
+-- name: ops_deliveries_oldest_owed
+-- Age in seconds of the oldest visible delivery still to be made (pending or retrying);
+-- NULL when there is none. Reads owed rows only (the partial indexes), never delivered ones.
+SELECT extract(epoch FROM now() - min(d.created_at))::float8 AS oldest_age_seconds
+  FROM workflow_streams.input_deliveries d
+  JOIN workflow_streams.streams s ON s.stream_pk = d.stream_pk
+ WHERE d.state IN ('pending', 'retrying')
+   AND ($1::text IS NULL OR s.tenant = $1)
+   AND ($2::text[] IS NULL OR s.run_id = ANY($2::text[]));
 
 -- name: ops_streams_lag
 -- Streams that still owe deliveries, the longest waiting first ($3 limit): how many are
