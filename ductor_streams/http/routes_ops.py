@@ -88,42 +88,37 @@ async def _record_json(request: Request[Any, Any, Any], detail: ops.DeliveryDeta
         "size": detail.record_size,
         "appended_at": detail.record_appended_at.isoformat() if detail.record_appended_at else None,
     }
-    hidden = await _payload_hidden_reason(request, detail)
-    if hidden is not None:
+    payload, hidden = await _visible_payload(request, detail)
+    if payload is None:
         record.update(payload_visible=False, payload_hidden_reason=hidden)
-        return record
-    principal = principal_of(request)
-    delivery = detail.delivery
-    ref = await request.app.state.store.get_stream(
-        StreamKey(principal.tenant, delivery.run_id, delivery.stream_id)
-    )
-    redaction = [] if may_see_unredacted(request) else ref.definition.redaction.json_pointers
-    assert detail.payload is not None
-    payload = msgspec.Raw(redact_json_text(detail.payload, redaction).encode())
-    record.update(payload=payload, payload_visible=True, payload_hidden_reason=None)
+    else:
+        record.update(payload=msgspec.Raw(payload.encode()), payload_visible=True)
+        record["payload_hidden_reason"] = None
     return record
 
 
-async def _payload_hidden_reason(
+async def _visible_payload(
     request: Request[Any, Any, Any], detail: ops.DeliveryDetail
-) -> str | None:
-    """Why this caller may not see the payload, or ``None`` when it may."""
+) -> tuple[str | None, str | None]:
+    """``(payload JSON as this caller may see it, None)``, or ``(None, why not)``: the
+    same rules as reading the record (scope, readers, egress, redaction)."""
     if detail.payload is None:
-        return "the record was removed by retention"
+        return None, "the record was removed by retention"
     principal = principal_of(request)
     if not principal.has("streams:read"):
-        return "the token lacks streams:read"
+        return None, "the token lacks streams:read"
     delivery = detail.delivery
     ref = await request.app.state.store.get_stream(
         StreamKey(principal.tenant, delivery.run_id, delivery.stream_id)
     )
     if not ref.definition.may_read(principal.sub):
-        return "the principal is not among the stream's readers"
+        return None, "the principal is not among the stream's readers"
     try:
         check_egress(request, ref)
     except EgressDenied:
-        return "the caller's region may not receive this stream's data"
-    return None
+        return None, "the caller's region may not receive this stream's data"
+    redaction = [] if may_see_unredacted(request) else ref.definition.redaction.json_pointers
+    return redact_json_text(detail.payload, redaction), None
 
 
 class RetryBody(msgspec.Struct, forbid_unknown_fields=True):
