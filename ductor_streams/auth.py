@@ -81,7 +81,8 @@ def verify_token(secret: str, token: str) -> Principal:
             token,
             secret,
             algorithms=[ALGORITHM],
-            options={"require": ["sub", "tenant", "scopes", "runs"]},
+            # ``exp`` is required: a token that never expires cannot be contained.
+            options={"require": ["sub", "tenant", "scopes", "runs", "exp"]},
         )
     except jwt.ExpiredSignatureError:
         raise Unauthenticated("the bearer token has expired") from None

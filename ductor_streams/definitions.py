@@ -149,7 +149,21 @@ def parse_definition(
         ),
         log_region=placement.log_region or home,
     )
-    return parsed.model_copy(update={"consumers": consumers, "placement": filled_placement})
+    filled = parsed.model_copy(update={"consumers": consumers, "placement": filled_placement})
+    if _holds_nul(filled.to_json_dict()):
+        # Postgres text and jsonb cannot hold NUL: refuse it here, as bad input.
+        raise InvalidDefinition("text in a definition may not contain NUL (\\u0000)")
+    return filled
+
+
+def _holds_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_holds_nul(k) or _holds_nul(v) for k, v in value.items())
+    if isinstance(value, list):
+        return any(_holds_nul(v) for v in value)
+    return False
 
 
 def definition_from_json(data: dict[str, Any]) -> StreamDefinition:

@@ -11,7 +11,11 @@ from typing import Any, ClassVar
 
 
 class StreamsError(Exception):
-    """Base of every domain error. The docstring of a subclass is its title."""
+    """Internal error.
+
+    Base of every domain error; the first line of a class's docstring is its problem
+    title (this one is what a 500 shows).
+    """
 
     code: ClassVar[str] = "internal_error"
     status: ClassVar[int] = 500

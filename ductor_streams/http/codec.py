@@ -23,6 +23,9 @@ async def json_body(request: Request[Any, Any, Any], model: type[Any] = Any) -> 
         raise InvalidBody(f"the body does not fit: {exc}") from None
     except msgspec.DecodeError as exc:
         raise InvalidBody(f"the body is not JSON: {exc}") from None
+    except RecursionError:
+        # msgspec decodes untyped JSON recursively: absurd nesting is bad input, not a 500.
+        raise InvalidBody("the body is nested too deeply") from None
 
 
 def json_response(

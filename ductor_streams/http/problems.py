@@ -17,6 +17,7 @@ from ductor_streams.errors import (
     RequestTooLarge,
     StreamsError,
 )
+from ductor_streams.store.db import translate_db_error
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -65,6 +66,10 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         error = exc
     elif isinstance(exc, HTTPException):
         error = _from_http_exception(exc)
+    elif isinstance(translated := translate_db_error(exc), StreamsError):
+        # A driver error that stands for bad input (e.g. NUL in text) on a path that
+        # did not translate it itself: still a 4xx, never a 500.
+        error = translated
     else:
         # Never the payload or the token: only the type and the route.
         log.error(

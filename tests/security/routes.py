@@ -112,7 +112,20 @@ async def _none(world: World) -> Sample:
 
 
 async def _create(world: World) -> Sample:
-    return Sample(json={"stream_id": world.fresh_stream_id(), "direction": "output"})
+    return Sample(
+        json={
+            "stream_id": world.fresh_stream_id(),
+            "direction": "output",
+            "content_class": "text",
+            "schema": "chat.message/v1",
+            "consumers": ["ui"],
+            "credit": {"max_unread_items": 10, "on_unread_full": "block", "block_timeout_ms": 5},
+            "retention": {"max_age_seconds": 3600},
+            "redaction": {"json_pointers": ["/user/email"]},
+            "placement": {"metadata_home": "local", "client_egress_regions": ["local"]},
+            "authorization": {"readers": ["*"], "writers": ["alice"]},
+        }
+    )
 
 
 async def _append(world: World) -> Sample:
@@ -171,6 +184,7 @@ SAMPLES: dict[tuple[str, str], SampleFactory] = {
     ("GET", "/runs/{}/streams/{}/subscribe"): _read_records,
     ("POST", "/runs/{}/streams/{}/objects"): _prepare_object,
     ("PUT", "/runs/{}/streams/{}/objects/{}/content"): _upload_object,
+    ("GET", "/runs/{}/streams/{}/objects/{}"): _after_prepare,
     ("GET", "/runs/{}/streams/{}/objects/{}/content"): _after_commit,
     ("POST", "/runs/{}/streams/{}/objects/{}/commit"): _after_upload,
     ("POST", "/runs/{}/streams/{}/objects/{}/abort"): _after_prepare,
