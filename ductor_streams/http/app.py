@@ -8,7 +8,6 @@ from typing import Any
 
 from litestar import Litestar, Router
 from litestar.openapi import OpenAPIConfig
-from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 
 from ductor_streams.config import Settings
@@ -23,6 +22,7 @@ from ductor_streams.http import (
     routes_subscribe,
 )
 from ductor_streams.http.access import authorize
+from ductor_streams.http.openapi import ContractJsonRenderPlugin
 from ductor_streams.http.problems import handle_exception
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.store import Store
@@ -84,7 +84,7 @@ def create_app(
             title="ductor-streams",
             version="0.1.0",
             path="/schema",
-            render_plugins=[JsonRenderPlugin()],
+            render_plugins=[ContractJsonRenderPlugin()],
             components=Components(
                 security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}
             ),
