@@ -14,9 +14,10 @@ from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
-from ductor_streams.auth import Principal, verify_token
+from ductor_streams.auth import Principal
 from ductor_streams.definitions import RUN_ID_RE, STREAM_ID_RE
 from ductor_streams.errors import EgressDenied, Forbidden, NotFound, Unauthenticated
+from ductor_streams.http.tokens import VERIFIED_TOKENS
 from ductor_streams.store import StreamKey, StreamRef
 
 Access = Literal["read", "write", "admin"]
@@ -34,7 +35,8 @@ async def authorize(
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("a bearer token is required")
-    principal = verify_token(connection.app.state.settings.require_jwt_secret(), token.strip())
+    secret = connection.app.state.settings.require_jwt_secret()
+    principal = VERIFIED_TOKENS.principal(secret, token.strip())
     run_id = connection.path_params.get("run_id")
     if run_id is not None and (not RUN_ID_RE.match(run_id) or not principal.sees_run(run_id)):
         raise NotFound(f"run {run_id!r} does not exist")
