@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from typing import Any
 
@@ -28,9 +29,32 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, separators=(",", ":"))
 
 
-def configure_logging(level: int = logging.INFO) -> None:
+LOG_LEVEL_ENV = "DUCTOR_STREAMS_LOG_LEVEL"
+
+
+def configure_logging(level: int | str | None = None) -> None:
+    """JSON lines on stderr. ``level`` defaults to ``DUCTOR_STREAMS_LOG_LEVEL`` (a name
+    such as ``DEBUG`` or a number), else INFO. No level ever logs payloads or tokens."""
+    if level is None:
+        raw = os.environ.get(LOG_LEVEL_ENV, "").strip().upper() or "INFO"
+        level = int(raw) if raw.isdigit() else logging.getLevelName(raw)
+        if not isinstance(level, int):
+            level = logging.INFO
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+
+
+def stream_fields(
+    tenant: str, run_id: str, stream_id: str, log_region: str | None
+) -> dict[str, Any]:
+    """The ``extra`` of a log line about one stream: its key and its pinned
+    ``log_region`` (where its logs belong), never anything of its payloads."""
+    return {
+        "tenant": tenant,
+        "run_id": run_id,
+        "stream_id": stream_id,
+        "log_region": log_region,
+    }

@@ -8,6 +8,7 @@ outside ``client_egress_regions`` on a payload path is 403 ``egress_denied``.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Literal
 
 from litestar import Request
@@ -18,9 +19,11 @@ from ductor_streams.auth import Principal
 from ductor_streams.definitions import RUN_ID_RE, STREAM_ID_RE
 from ductor_streams.errors import EgressDenied, Forbidden, NotFound, Unauthenticated
 from ductor_streams.http.tokens import VERIFIED_TOKENS
+from ductor_streams.logs import stream_fields
 from ductor_streams.store import StreamKey, StreamRef
 
 Access = Literal["read", "write", "admin"]
+log = logging.getLogger(__name__)
 
 
 async def authorize(
@@ -64,6 +67,18 @@ async def stream_for(request: Request[Any, Any, Any], access: Access) -> StreamR
         raise Forbidden("the principal is not among the stream's readers")
     if access == "write" and not definition.may_write(principal.sub):
         raise Forbidden("the principal is not among the stream's writers")
+    if log.isEnabledFor(logging.DEBUG):  # cheap when off: this is every request's path
+        log.debug(
+            "stream access",
+            extra={
+                **stream_fields(
+                    principal.tenant, run_id, stream_id, definition.placement.log_region
+                ),
+                "access": access,
+                "sub": principal.sub,
+                "method": request.method,
+            },
+        )
     return ref
 
 

@@ -104,6 +104,10 @@ class World:
             "metadata": self.payload,
         }
 
+    def forget_object(self) -> None:
+        """The next object route works on a new object."""
+        self._object.clear()
+
     async def prepared_object(self) -> str:
         if "id" not in self._object:
             r = await self.http.post(

@@ -1,0 +1,102 @@
+"""Log hygiene: a unique marker placed in payloads (and in rejected bodies, headers
+and IDs), the bearer token and the signing secret never appear in logs at any level:
+in-process (every record at DEBUG, formatted with tracebacks) and in the stderr of a
+real server subprocess running at DEBUG. Structured lines about a stream carry its
+metadata and pinned ``log_region``."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from ductor_streams.logs import JsonFormatter
+from tests.conftest import JWT_SECRET
+from tests.security.tour import tour
+from tests.security.world import World
+from tests.support.server import ServerProcess
+
+
+class _Capture(logging.Handler):
+    """Every record, formatted both as the product's JSON line and as plain text with
+    its arguments and traceback (what any other handler could print)."""
+
+    def __init__(self) -> None:
+        super().__init__(level=logging.DEBUG)
+        self.lines: list[str] = []
+        self._json = JsonFormatter()
+        self._plain = logging.Formatter("%(name)s %(levelname)s %(message)s")
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(self._json.format(record))
+        text = self._plain.format(record)
+        if record.exc_info:
+            text += "\n" + self._plain.formatException(record.exc_info)
+        self.lines.append(f"{text} {record.args!r} {record.__dict__!r}")
+
+
+@pytest.fixture
+def captured() -> Iterator[_Capture]:
+    root = logging.getLogger()
+    handler = _Capture()
+    old_level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        yield handler
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(old_level)
+
+
+def _secrets(world: World) -> list[str]:
+    token = world.admin["Authorization"].split(" ", 1)[1]
+    return [world.secret_marker, world.open_marker, token, JWT_SECRET]
+
+
+async def test_no_payload_token_or_secret_in_in_process_logs(
+    client: Any, captured: _Capture
+) -> None:
+    world = await World(client).setup()
+    sent = await tour(world)
+    assert sent > 20
+    logged = "\n".join(captured.lines)
+    assert "stream access" in logged  # DEBUG lines were produced and captured
+    for secret in _secrets(world):
+        assert secret not in logged, f"{secret[:12]}... leaked into the logs"
+    accesses = [
+        json.loads(line)
+        for line in captured.lines
+        if line.startswith("{") and '"message":"stream access"' in line
+    ]
+    assert accesses
+    for entry in accesses:
+        assert entry["tenant"] == world.tenant and entry["run_id"] == world.run_id
+        assert entry["log_region"] == "local" and entry["stream_id"]
+
+
+async def test_no_payload_token_or_secret_in_a_debug_server_log(
+    settings: Any, tmp_path: Path
+) -> None:
+    log_path = tmp_path / "server.log"
+    with ServerProcess(
+        settings, log_path=log_path, extra_env={"DUCTOR_STREAMS_LOG_LEVEL": "DEBUG"}
+    ) as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+            world = await World(http).setup()
+            sent = await tour(world)
+    # The server has stopped: everything it wrote is in the file.
+    logged = log_path.read_text(encoding="utf-8", errors="replace")
+    assert sent > 20
+    assert '"message":"stream access"' in logged  # it really ran at DEBUG
+    for secret in _secrets(world):
+        assert secret not in logged, f"{secret[:12]}... leaked into the server's log"
+    for line in logged.splitlines():
+        if '"message":"stream access"' in line:
+            entry = json.loads(line)
+            assert entry["log_region"] == "local" and entry["tenant"] == world.tenant
