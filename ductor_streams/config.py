@@ -17,8 +17,9 @@ class ConfigError(Exception):
 class Settings:
     """Everything a process of ductor-streams needs to know about its deployment."""
 
-    database_url: str | None = None
-    jwt_secret: str | None = None
+    # Kept out of repr(): a DSN may hold a password, and the secret signs every token.
+    database_url: str | None = field(default=None, repr=False)
+    jwt_secret: str | None = field(default=None, repr=False)
     region: str = "local"
     object_stores: Mapping[str, str] = field(default_factory=dict)
     temporal_address: str | None = None

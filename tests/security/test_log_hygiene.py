@@ -100,3 +100,18 @@ async def test_no_payload_token_or_secret_in_a_debug_server_log(
         if '"message":"stream access"' in line:
             entry = json.loads(line)
             assert entry["log_region"] == "local" and entry["tenant"] == world.tenant
+
+
+def test_settings_never_show_the_secret_or_the_dsn(settings: Any) -> None:
+    text = repr(settings) + str(settings)
+    assert settings.jwt_secret and settings.jwt_secret not in text
+    assert settings.database_url and settings.database_url not in text
+
+
+async def test_unauthenticated_root_routes_hold_no_tenant_data(world: World) -> None:
+    await tour(world)
+    for path in ("/metrics", "/healthz", "/readyz", "/schema/openapi.json"):
+        r = await world.http.get(path)
+        assert r.status_code == 200, (path, r.status_code)
+        for secret in [*_secrets(world), world.run_id, world.tenant, world.stream_id]:
+            assert secret not in r.text, (path, secret[:12])
