@@ -10,6 +10,7 @@ import json
 import time
 from typing import Any
 
+import asyncpg
 import jwt
 import pytest
 
@@ -97,7 +98,7 @@ async def test_unauthenticated(world: World, route: ApiRoute, case: str) -> None
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=str)
-async def test_wrong_tenant_is_not_found(world: World, route: ApiRoute) -> None:
+async def test_wrong_tenant_is_not_found(world: World, pool: asyncpg.Pool, route: ApiRoute) -> None:
     other = bearer(tenant=world.tenant + "-other")
     if route.run_scoped and not route.stream_scoped:
         # Creating: another tenant's run/stream ID is free in this tenant. The same
@@ -110,15 +111,39 @@ async def test_wrong_tenant_is_not_found(world: World, route: ApiRoute) -> None:
         mine, body = await world.request(route, world.admin, sample=sample)
         assert_problem(mine, body, 409, "definition_conflict")
         return
+    await _seed_operator_data(world, pool, route)
     response, body = await world.request(route, other)
     _assert_hidden(world, route, response, body)
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=str)
-async def test_wrong_run_is_not_found(world: World, route: ApiRoute) -> None:
+async def test_wrong_run_is_not_found(world: World, pool: asyncpg.Pool, route: ApiRoute) -> None:
     other = bearer(tenant=world.tenant, runs=[world.run_id + "-other", "run-x"])
+    await _seed_operator_data(world, pool, route)
     response, body = await world.request(route, other)
     _assert_hidden(world, route, response, body)
+
+
+async def _seed_operator_data(world: World, pool: asyncpg.Pool, route: ApiRoute) -> None:
+    """For routes without a run in the path (operator views): give the world a delivery
+    and gap evidence, and check its own token sees the run, so that "not shown to
+    others" is a real refusal and not an empty answer."""
+    if route.run_scoped:
+        return
+    await world.delivery_id()
+    await pool.execute(
+        "INSERT INTO workflow_streams.gap_evidence"
+        " (stream_pk, expected_sequence, received_sequence, repaired_records, detected_by)"
+        " SELECT stream_pk, 1, 2, 1, 'security-test' FROM workflow_streams.streams"
+        " WHERE tenant = $1 AND run_id = $2 AND stream_id = $3",
+        world.tenant,
+        world.run_id,
+        world.stream_id,
+    )
+    if route.method == "GET" and "{}" not in route.template:
+        response, body = await world.request(route, world.admin)
+        assert response.status_code == 200, body[:300]
+        assert world.run_id.encode() in body, (route, body[:300])
 
 
 def _assert_hidden(world: World, route: ApiRoute, response: Any, body: bytes) -> None:
