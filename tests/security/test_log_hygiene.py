@@ -6,8 +6,11 @@ metadata and pinned ``log_region``."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
+import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +22,7 @@ from ductor_streams.logs import JsonFormatter
 from tests.conftest import JWT_SECRET
 from tests.security.tour import tour
 from tests.security.world import World
-from tests.support.server import ServerProcess
+from tests.support.server import ServerProcess, settings_env
 
 
 class _Capture(logging.Handler):
@@ -115,3 +118,31 @@ async def test_unauthenticated_root_routes_hold_no_tenant_data(world: World) -> 
         assert r.status_code == 200, (path, r.status_code)
         for secret in [*_secrets(world), world.run_id, world.tenant, world.stream_id]:
             assert secret not in r.text, (path, secret[:12])
+
+
+async def test_the_outbox_cli_never_prints_payloads(world: World, settings: Any) -> None:
+    delivery = await world.delivery_id()
+    env = {**os.environ, **settings_env(settings)}
+    for args in (
+        ["list", "--run", world.run_id, "--json"],
+        ["list", "--run", world.run_id],
+        ["show", delivery, "--json"],
+        ["show", delivery],
+        ["summary", "--json"],
+    ):
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "ductor_streams.cli",
+            "outbox",
+            *args,
+            env=env,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        raw_out, raw_err = await asyncio.wait_for(process.communicate(), timeout=60)
+        out, err = raw_out.decode(), raw_err.decode()
+        assert process.returncode == 0, (args, err[-500:])
+        assert world.run_id in out or args[0] == "summary", (args, out[:300])
+        for secret in _secrets(world):
+            assert secret not in out + err, (args, secret[:12])
