@@ -70,12 +70,13 @@ def main(argv: list[str] | None = None) -> int:
 
     failures = 0
     with postgres_server() as server_dsn:
+        # Every part makes its database on the same server, whichever variable it reads.
         env = {
             **os.environ,
             "DUCTOR_STREAMS_BENCH_DATABASE_URL": server_dsn,
             "DUCTOR_STREAMS_TEST_DATABASE_URL": server_dsn,
+            "DUCTOR_STREAMS_DATABASE_URL": server_dsn,
         }
-        env.setdefault("DUCTOR_STREAMS_DATABASE_URL", server_dsn)
         for name in chosen:
             part_argv = (
                 ["--runs", str(args.runs), "--seconds", str(args.seconds)]
