@@ -11,6 +11,9 @@ import pytest
 
 from tests.security.world import World
 
+# The real Temporal dev server of tests/temporal, for the workers' log test.
+from tests.temporal.conftest import temporal_address, temporal_env  # noqa: F401
+
 
 @pytest.fixture
 async def http(server: Any) -> AsyncIterator[httpx.AsyncClient]:
