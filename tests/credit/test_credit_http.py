@@ -284,3 +284,62 @@ async def test_concurrent_http_acks_never_regress(
     state = await state_of(http, headers, run_id, sid)
     assert state["consumers"] == [{"consumer_id": "c", "acked_sequence": 60}]
     assert state["unread_items"] == 0
+
+
+@pytest.fixture
+async def second_http(settings: Any, tmp_path: Any) -> AsyncIterator[httpx.AsyncClient]:
+    """A second, independent server process over the same database (another replica)."""
+    from tests.support.server import ServerProcess
+
+    with ServerProcess(settings, log_path=tmp_path / "second.log") as other:
+        limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+        async with httpx.AsyncClient(base_url=other.url, timeout=30, limits=limits) as client:
+            yield client
+
+
+async def test_two_replicas_admit_exactly_10_of_32(
+    http: httpx.AsyncClient, second_http: httpx.AsyncClient, auth: TokenFactory, run_id: str
+) -> None:
+    # Each process groups its own requests; the two groups race on the row lock.
+    headers = auth()
+    sid = await create(http, headers, run_id, max_unread_items=10)
+    responses = await asyncio.gather(
+        *(
+            (http if i % 2 else second_http).post(
+                records_url(run_id, sid), json={"records": [{"payload": i}]}, headers=headers
+            )
+            for i in range(32)
+        )
+    )
+    assert sorted(r.status_code for r in responses) == [201] * 10 + [429] * 22
+    firsts = sorted(r.json()["first_sequence"] for r in responses if r.status_code == 201)
+    assert firsts == list(range(1, 11))
+
+
+async def test_an_ack_on_one_replica_wakes_a_producer_blocked_on_another(
+    http: httpx.AsyncClient, second_http: httpx.AsyncClient, auth: TokenFactory, run_id: str
+) -> None:
+    headers = auth()
+    sid = await create(
+        http,
+        headers,
+        run_id,
+        max_unread_items=1,
+        on_unread_full="block",
+        block_timeout_ms=20_000,
+    )
+    url = records_url(run_id, sid)
+    assert (
+        await http.post(url, json={"records": [{"payload": 1}]}, headers=headers)
+    ).status_code == 201
+    waiting = asyncio.create_task(
+        http.post(url, json={"records": [{"payload": 2}]}, headers=headers)
+    )
+    done, _ = await asyncio.wait({waiting}, timeout=0.3)
+    assert not done
+    ack = await second_http.post(ack_url(run_id, sid, "c"), json={"sequence": 1}, headers=headers)
+    assert ack.status_code == 200
+    acked_at = time.monotonic()
+    response = await asyncio.wait_for(waiting, 5)
+    assert time.monotonic() - acked_at < 0.5  # the wake crossed processes through Postgres
+    assert (response.status_code, response.json()["first_sequence"]) == (201, 2)
