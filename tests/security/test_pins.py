@@ -149,3 +149,22 @@ async def test_redaction_of_records_is_exact(make_world: Any) -> None:
     r = await world.http.get(world.url("/records"), headers=world.admin)
     assert r.json()["records"][0]["payload"] == payload
     assert json.dumps(payload, separators=(",", ":")).encode() in r.content.replace(b" ", b"")
+
+
+async def test_operator_delivery_view_shows_a_payload_only_to_its_readers(make_world: Any) -> None:
+    world: World = await make_world(authorization={"readers": ["alice"], "writers": ["alice"]})
+    delivery = await world.delivery_id()
+    path = f"/api/workflow-streams/ops/deliveries/{delivery}"
+    marker = world.open_marker
+    cases = [
+        (bearer(tenant=world.tenant, sub="alice"), True),
+        (bearer(tenant=world.tenant, sub="mallory"), False),
+        (bearer(tenant=world.tenant, sub="alice", scopes=["streams:ops"]), False),
+        (bearer(tenant=world.tenant, sub="alice", region="far-away"), False),
+    ]
+    for headers, visible in cases:
+        r = await world.http.get(path, headers=headers)
+        assert r.status_code == 200, r.text
+        assert r.json()["record"]["payload_visible"] is visible, r.json()["record"]
+        assert (marker in r.text) is visible
+        assert world.secret_marker not in r.text or visible
