@@ -97,6 +97,10 @@ class StreamDefinition(_Pins):
     def may_write(self, principal: str) -> bool:
         return "*" in self.authorization.writers or principal in self.authorization.writers
 
+    def allows_egress(self, region: str) -> bool:
+        """Whether ``region`` may receive this stream's payloads or bytes."""
+        return region in (self.placement.client_egress_regions or [])
+
 
 def parse_definition(
     body: Any, *, region: str, object_store_regions: frozenset[str]

@@ -98,5 +98,6 @@ async def download_object(run_id: str, stream_id: str, object_id: str) -> bytes:
     """The bytes of a committed object of the stream."""
     with domain_errors():
         current, ref = await _ref(run_id, stream_id)
+        current.check_egress(ref)
         _intent, chunks = await current.object_service().download(ref, object_id)
         return b"".join([chunk async for chunk in chunks])

@@ -19,7 +19,8 @@ from ductor_streams.activities import models
 from ductor_streams.activities.errors import domain_errors
 from ductor_streams.config import Settings
 from ductor_streams.definitions import parse_definition
-from ductor_streams.store import Store, StreamKey, encode_batch
+from ductor_streams.errors import EgressDenied
+from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
 from ductor_streams.store.db import create_pool
 
 
@@ -91,6 +92,14 @@ class StreamsActivities:
     def _key(self, run_id: str, stream_id: str) -> StreamKey:
         return StreamKey(self._settings.tenant, run_id, stream_id)
 
+    def check_egress(self, ref: StreamRef) -> None:
+        """Payloads read here land in workflow history: this worker's region must be
+        one the stream's data may go to (``client_egress_regions``)."""
+        if not ref.definition.allows_egress(self._settings.region):
+            raise EgressDenied(
+                f"this worker's region {self._settings.region!r} may not receive this stream's data"
+            )
+
     @activity.defn(name=models.CREATE_STREAM)
     async def create_stream(self, request: models.CreateStreamInput) -> models.CreateStreamResult:
         """Create the stream, or find it when the same definition exists (idempotent)."""
@@ -138,6 +147,7 @@ class StreamsActivities:
         """Records after the cursor, unredacted: the run reads its own streams."""
         with domain_errors():
             ref = await self.store.get_stream(self._key(request.run_id, request.stream_id))
+            self.check_egress(ref)
             page = await self.store.read(ref, request.cursor, max(1, min(request.limit, 1000)))
         records: list[models.StreamRecord] = []
         total = 0

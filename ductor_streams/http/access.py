@@ -89,8 +89,7 @@ def check_egress(request: Request[Any, Any, Any], ref: StreamRef) -> None:
     """
     principal = principal_of(request)
     region = principal.region or request.app.state.settings.region
-    allowed = ref.definition.placement.client_egress_regions or []
-    if region not in allowed:
+    if not ref.definition.allows_egress(region):
         raise EgressDenied(f"region {region!r} may not receive this stream's data")
 
 

@@ -17,7 +17,7 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from ductor_streams.activities import objects as activity_objects
-from ductor_streams.activities.models import CreateStreamInput
+from ductor_streams.activities.models import CreateStreamInput, ReadInput
 from ductor_streams.activities.streams import StreamsActivities
 from ductor_streams.config import Settings
 from ductor_streams.definitions import CONTENT_CLASSES
@@ -197,3 +197,27 @@ async def test_token_region_does_not_widen_egress(make_world: Any) -> None:
             assert r.status_code == 200 and world.open_marker in r.text
         else:
             assert_problem(r, r.content, 403, "egress_denied")
+
+
+async def test_an_activity_in_a_region_outside_the_egress_pins_cannot_read(
+    world: World, store: Store, region_b_settings: Settings
+) -> None:
+    """Payloads an activity reads land in workflow history: a worker of region B may not
+    read records or download objects of a stream whose egress pins exclude B."""
+    object_id = await world.committed_object()
+    read = ReadInput(run_id=world.run_id, stream_id=world.stream_id, cursor=0)
+    far = StreamsActivities(region_b_settings.with_overrides(tenant=world.tenant), store=store)
+    async with far.lifetime():
+        with pytest.raises(ApplicationError) as caught:
+            await far.read(read)
+        assert caught.value.details[0]["code"] == "egress_denied"
+        with pytest.raises(ApplicationError) as caught:
+            await activity_objects.download_object(world.run_id, world.stream_id, object_id)
+        assert caught.value.details[0]["code"] == "egress_denied"
+    home_settings = region_b_settings.with_overrides(region="local", tenant=world.tenant)
+    home = StreamsActivities(home_settings, store=store)
+    async with home.lifetime():
+        page = await home.read(read)
+        assert [r.payload for r in page.records][:2] == [world.payload, world.payload]
+        data = await activity_objects.download_object(world.run_id, world.stream_id, object_id)
+        assert data == world.prepared_bytes
