@@ -7,6 +7,7 @@ store. Server-Sent Events are left out (an open stream never ends; tests/live co
 
 from __future__ import annotations
 
+import hashlib
 import secrets
 from typing import Any
 
@@ -59,7 +60,28 @@ def pinned_stream(server: Any) -> dict[str, str]:
         headers=_headers(),
     )
     assert r.status_code == 201, r.text
-    return {"run_id": RUN, "stream_id": STREAM, "consumer_id": "c1"}
+    data = b"fuzzed object"
+    r = httpx.post(
+        f"{base}/{STREAM}/objects",
+        json={
+            "idempotency_key": "fuzz",
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size": len(data),
+        },
+        headers=_headers(),
+    )
+    assert r.status_code == 201, r.text
+    object_id = r.json()["object_id"]
+    r = httpx.get(f"{server.url}{API}/ops/deliveries", params={"run": RUN}, headers=_headers())
+    assert r.status_code == 200, r.text
+    delivery_id = str(r.json()["deliveries"][0]["delivery_id"])
+    return {
+        "run_id": RUN,
+        "stream_id": STREAM,
+        "consumer_id": "c1",
+        "object_id": object_id,
+        "delivery_id": delivery_id,
+    }
 
 
 def _load(server: Any) -> Any:
@@ -124,5 +146,4 @@ def test_openapi_with_a_real_stream(server: Any, pinned_stream: dict[str, str]) 
     # The generated requests reached the real stream: some appends were accepted.
     r = httpx.get(f"{server.url}{API}/runs/{RUN}/streams/{STREAM}", headers=_headers())
     assert r.status_code == 200, r.text
-    print("pinned stream after fuzzing:", r.json()["state"])
     assert r.json()["state"]["total_items"] > 3, r.json()
