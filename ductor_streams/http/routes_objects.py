@@ -183,6 +183,11 @@ async def download_object(request: Request[Any, Any, Any]) -> Stream:
             "Content-Length": str(intent.size),
             "ETag": f'"{intent.sha256}"',
             "X-Object-Sha256": intent.sha256,
+            # The content type is the uploader's: never let a browser render it (or run
+            # its script) in this origin.
+            "Content-Disposition": "attachment",
+            "X-Content-Type-Options": "nosniff",
+            "Content-Security-Policy": "default-src 'none'; sandbox",
         },
     )
 

@@ -70,3 +70,25 @@ async def test_an_object_of_another_stream_of_the_same_run_is_not_found(
     a_object = await a.committed_object()
     r = await http.get(sibling.url(f"/objects/{a_object}/content"), headers=a.admin)
     assert_problem(r, r.content, 404, "not_found")
+
+
+async def test_downloaded_objects_are_never_rendered_in_this_origin(
+    http: httpx.AsyncClient,
+) -> None:
+    world = await World(http).setup(records=0)
+    html = b"<html><script>alert(document.domain)</script></html>"
+    pins = {**world.object_pins(html), "content_type": "text/html"}
+    r = await http.post(world.url("/objects"), json=pins, headers=world.admin)
+    assert r.status_code == 201, r.text
+    object_id = r.json()["object_id"]
+    r = await http.put(
+        world.url(f"/objects/{object_id}/content"), content=html, headers=world.admin
+    )
+    assert r.status_code == 200, r.text
+    r = await http.post(world.url(f"/objects/{object_id}/commit"), headers=world.admin)
+    assert r.status_code == 201, r.text
+    r = await http.get(world.url(f"/objects/{object_id}/content"), headers=world.admin)
+    assert r.status_code == 200 and r.content == html
+    assert r.headers["content-disposition"] == "attachment"
+    assert r.headers["x-content-type-options"] == "nosniff"
+    assert "sandbox" in r.headers["content-security-policy"]
