@@ -16,6 +16,7 @@ import pytest
 
 from ductor_streams.auth import SCOPES
 from tests.conftest import API, JWT_SECRET
+from tests.security.dbstate import fingerprint
 from tests.security.routes import PUBLIC_ROUTES, ApiRoute, Sample, api_routes, sample_for
 from tests.security.world import World, bearer
 
@@ -69,6 +70,20 @@ UNAUTH_CASES = [
 ]
 
 
+async def refused(
+    world: World, pool: asyncpg.Pool, route: ApiRoute, headers: dict[str, str]
+) -> tuple[Any, bytes]:
+    """Send the route's sample request (made first: making it may prepare an object)
+    with ``headers``, and check that the database is exactly as before."""
+    sample = await sample_for(route)(world)
+    values = await world.path_values(route)
+    before = await fingerprint(pool)
+    response, body = await world.request(route, headers, sample=sample, path_values=values)
+    if response.status_code >= 400:
+        assert await fingerprint(pool) == before, f"{route}: a refused request changed data"
+    return response, body
+
+
 def assert_problem(response: Any, body: bytes, status: int, code: str) -> dict[str, Any]:
     assert response.status_code == status, (response.status_code, body[:500])
     assert response.headers["content-type"].startswith("application/problem+json"), response.headers
@@ -89,9 +104,11 @@ async def test_positive_control(world: World, route: ApiRoute) -> None:
 
 @pytest.mark.parametrize("case", UNAUTH_CASES)
 @pytest.mark.parametrize("route", ROUTES, ids=str)
-async def test_unauthenticated(world: World, route: ApiRoute, case: str) -> None:
+async def test_unauthenticated(
+    world: World, pool: asyncpg.Pool, route: ApiRoute, case: str
+) -> None:
     headers = _unauthenticated_headers(world)[case]
-    response, body = await world.request(route, headers)
+    response, body = await refused(world, pool, route, headers)
     problem = assert_problem(response, body, 401, "unauthenticated")
     assert world.open_marker not in body.decode(errors="replace")
     assert problem["status"] == 401
@@ -112,7 +129,7 @@ async def test_wrong_tenant_is_not_found(world: World, pool: asyncpg.Pool, route
         assert_problem(mine, body, 409, "definition_conflict")
         return
     await _seed_operator_data(world, pool, route)
-    response, body = await world.request(route, other)
+    response, body = await refused(world, pool, route, other)
     _assert_hidden(world, route, response, body)
 
 
@@ -120,7 +137,7 @@ async def test_wrong_tenant_is_not_found(world: World, pool: asyncpg.Pool, route
 async def test_wrong_run_is_not_found(world: World, pool: asyncpg.Pool, route: ApiRoute) -> None:
     other = bearer(tenant=world.tenant, runs=[world.run_id + "-other", "run-x"])
     await _seed_operator_data(world, pool, route)
-    response, body = await world.request(route, other)
+    response, body = await refused(world, pool, route, other)
     _assert_hidden(world, route, response, body)
 
 
@@ -160,9 +177,11 @@ def _assert_hidden(world: World, route: ApiRoute, response: Any, body: bytes) ->
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=str)
-async def test_missing_scope_is_forbidden(world: World, route: ApiRoute) -> None:
+async def test_missing_scope_is_forbidden(
+    world: World, pool: asyncpg.Pool, route: ApiRoute
+) -> None:
     scopes = [s for s in SCOPES if s != route.scope]
-    response, body = await world.request(route, bearer(tenant=world.tenant, scopes=scopes))
+    response, body = await refused(world, pool, route, bearer(tenant=world.tenant, scopes=scopes))
     assert_problem(response, body, 403, "forbidden")
 
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import asyncpg
 import pytest
 
 from ductor_streams.auth import SCOPES
 from tests.security.routes import ApiRoute, api_routes
-from tests.security.test_auth_matrix import assert_problem
+from tests.security.test_auth_matrix import assert_problem, refused
 from tests.security.world import World, bearer
 
 ROUTES = api_routes()
@@ -36,12 +37,15 @@ def _pin(route: ApiRoute) -> str:
 
 
 @pytest.mark.parametrize("route", STREAM_ROUTES, ids=str)
-async def test_authorization_pins(make_world: Any, route: ApiRoute) -> None:
+async def test_authorization_pins(make_world: Any, pool: asyncpg.Pool, route: ApiRoute) -> None:
     world: World = await make_world(
         authorization={"readers": ["alice", "rita"], "writers": ["alice", "wendy"]}
     )
     answers = {}
     for sub in ("mallory", "rita", "wendy", "alice"):
+        if _pin(route) != "none" and sub == "mallory":
+            answers[sub] = await refused(world, pool, route, bearer(tenant=world.tenant, sub=sub))
+            continue
         response, body = await world.request(
             route, bearer(tenant=world.tenant, sub=sub), read_body=False
         )
@@ -77,11 +81,13 @@ def test_every_contract_payload_route_that_exists_is_in_the_table() -> None:
 
 
 @pytest.mark.parametrize("route", ROUTES, ids=str)
-async def test_egress(make_world: Any, route: ApiRoute) -> None:
+async def test_egress(make_world: Any, pool: asyncpg.Pool, route: ApiRoute) -> None:
     world = await _closed_world(make_world)
     local, local_body = await world.request(route, bearer(tenant=world.tenant, region="local"))
     _implicit, implicit_body = await world.request(route, bearer(tenant=world.tenant))
-    far, far_body = await world.request(route, bearer(tenant=world.tenant, region="far-away"))
+    far, far_body = await refused(
+        world, pool, route, bearer(tenant=world.tenant, region="far-away")
+    )
     marker = world.open_marker.encode()
     shows_payload = marker in local_body
     assert (marker in implicit_body) == shows_payload  # no region claim = deployment's region
