@@ -1,26 +1,40 @@
-"""A fingerprint of everything in the ``workflow_streams`` schema, to prove that a
-refused request changed nothing."""
+"""A fingerprint of the data of some tenants, to prove that a refused request changed
+nothing. Only those tenants' rows are compared (every data table has a ``stream_pk``):
+other tests' background workers may be at work on their own tenants meanwhile."""
 
 from __future__ import annotations
 
 import asyncpg
 
 _TABLES = """
-SELECT c.relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+SELECT c.relname,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = c.oid AND a.attname = 'stream_pk' AND NOT a.attisdropped)
+         AS has_stream
+  FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = 'workflow_streams' AND c.relkind = 'r' ORDER BY c.relname
 """
+_HASH = "SELECT count(*) AS n, coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') AS h"
 
 
-async def fingerprint(pool: asyncpg.Pool) -> dict[str, tuple[int, str]]:
-    """(row count, md5 of every row's text) per table of the schema."""
+async def fingerprint(pool: asyncpg.Pool, *tenants: str) -> dict[str, tuple[int, str]]:
+    """(row count, md5 of every row's text) per table, for ``tenants``' streams (all
+    rows of tables that belong to no stream, such as schema_migrations)."""
+    assert tenants, "name the tenants whose data must not change"
     async with pool.acquire() as conn:
-        tables = [r["relname"] for r in await conn.fetch(_TABLES)]
         result: dict[str, tuple[int, str]] = {}
-        for table in tables:
-            row = await conn.fetchrow(
-                "SELECT count(*) AS n,"
-                " coalesce(md5(string_agg(t::text, '|' ORDER BY t::text)), '') AS h"
-                f" FROM workflow_streams.{table} t"
-            )
-            result[table] = (row["n"], row["h"])
+        for table in await conn.fetch(_TABLES):
+            name = table["relname"]
+            if name == "streams":
+                where, args = " WHERE t.tenant = ANY($1::text[])", [list(tenants)]
+            elif table["has_stream"]:
+                where = (
+                    " WHERE t.stream_pk IN (SELECT stream_pk FROM workflow_streams.streams"
+                    " WHERE tenant = ANY($1::text[]))"
+                )
+                args = [list(tenants)]
+            else:
+                where, args = "", []
+            row = await conn.fetchrow(f"{_HASH} FROM workflow_streams.{name} t{where}", *args)
+            result[name] = (row["n"], row["h"])
         return result

@@ -77,10 +77,12 @@ async def refused(
     with ``headers``, and check that the database is exactly as before."""
     sample = await sample_for(route)(world)
     values = await world.path_values(route)
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     response, body = await world.request(route, headers, sample=sample, path_values=values)
     if response.status_code >= 400:
-        assert await fingerprint(pool) == before, f"{route}: a refused request changed data"
+        assert await fingerprint(pool, *world.watched) == before, (
+            f"{route}: a refused request changed data"
+        )
     return response, body
 
 

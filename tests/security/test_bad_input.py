@@ -72,7 +72,7 @@ def _param_cases() -> Iterator[Any]:
 async def test_bad_path_ids(world: World, pool: asyncpg.Pool, route: ApiRoute, param: str) -> None:
     sample = await sample_for(route)(world)
     values = await world.path_values(route)
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     for name, segment in BAD_SEGMENTS.items():
         kind = next(k for k in values if k in param.lower())
         path = fill_path(route, {**values, kind: segment})
@@ -97,7 +97,7 @@ async def test_bad_path_ids(world: World, pool: asyncpg.Pool, route: ApiRoute, p
             "method_not_allowed",
             "invalid_request",
         ), (name, problem)
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
 
 
 def _query(url: httpx.URL) -> bytes:
@@ -160,13 +160,13 @@ async def test_bad_bodies(world: World, pool: asyncpg.Pool, route: ApiRoute) -> 
     if sample.json is None:
         if sample.content is not None:
             # A raw-bytes route: any bytes but the pinned ones are refused.
-            before = await fingerprint(pool)
+            before = await fingerprint(pool, *world.watched)
             for bad in (b"", sample.content + b"x", sample.content[:-1], b"\x00" * 10):
                 r = await world.http.request(route.method, path, content=bad, headers=world.admin)
                 assert_clean_4xx(r)
-            assert await fingerprint(pool) == before
+            assert await fingerprint(pool, *world.watched) == before
         return
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     for name, raw in RAW_BAD_BODIES.items():
         r = await world.http.request(
             route.method, path, params=sample.params, content=raw, headers=headers
@@ -180,7 +180,7 @@ async def test_bad_bodies(world: World, pool: asyncpg.Pool, route: ApiRoute) -> 
         assert r.status_code < 500, (where, r.text[:300])
         assert 400 <= r.status_code, (where, r.text[:300])
         assert_clean_4xx(r, (400, 413, 422))
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
 
 
 @pytest.mark.parametrize("route", [r for r in BODY_ROUTES], ids=str)
@@ -189,7 +189,7 @@ async def test_oversized_bodies(world: World, pool: asyncpg.Pool, route: ApiRout
     if sample.json is None and sample.content is None:
         return  # the route takes no body and never reads one
     path = fill_path(route, await world.path_values(route))
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     # Over every route's limit (the largest is the append route's 80 MiB).
     size = 81 * 1024 * 1024 if route.key[1].endswith("/records") else 34 * 1024 * 1024
     body = b'{"records": [{"payload": "' + b"x" * size + b'"}]}'
@@ -202,11 +202,11 @@ async def test_oversized_bodies(world: World, pool: asyncpg.Pool, route: ApiRout
     # A raw-bytes route may answer that the bytes cannot match any object's pins (422).
     assert_clean_4xx(r, (413,) if sample.json is not None else (413, 422))
     del body, sample
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
 
 
 async def test_append_limits(world: World, pool: asyncpg.Pool) -> None:
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     url = world.url("/records")
     cases = [
         ({"records": []}, 400, "invalid_batch"),
@@ -226,7 +226,7 @@ async def test_append_limits(world: World, pool: asyncpg.Pool) -> None:
             headers={**world.admin, "Idempotency-Key": key.encode("utf-8")},
         )
         assert_problem(r, r.content, 400, "invalid_idempotency_key")
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
     # Exactly 65,536 bytes is allowed (the ceiling is the largest allowed value).
     r = await world.http.post(
         url, json={"records": [{"payload": "x" * 65_534}]}, headers=world.admin

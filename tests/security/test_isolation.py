@@ -36,7 +36,7 @@ async def test_no_cross_tenant_objects_consumers_or_deliveries(
     a, b = await _twins(http)
     a_object = await a.committed_object()
     a_delivery = await a.delivery_id()
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, a.tenant, b.tenant)
     for method, suffix in (
         ("GET", f"/objects/{a_object}"),
         ("GET", f"/objects/{a_object}/content"),
@@ -57,7 +57,7 @@ async def test_no_cross_tenant_objects_consumers_or_deliveries(
         assert_problem(r, r.content, 404, "not_found")
     r = await http.get(f"{API}/ops/deliveries", params={"run": a.run_id}, headers=b.admin)
     assert r.status_code == 200 and r.json()["deliveries"] == [], r.text
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, a.tenant, b.tenant) == before
 
 
 async def test_an_object_of_another_stream_of_the_same_run_is_not_found(

@@ -35,7 +35,7 @@ async def _create(http: httpx.AsyncClient, world: World, **fields: Any) -> httpx
 
 
 async def test_placement_pins_are_checked_at_creation(world: World, pool: asyncpg.Pool) -> None:
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     for placement in (
         {"metadata_home": "us-east1"},
         {"metadata_home": "LOCAL"},
@@ -44,7 +44,7 @@ async def test_placement_pins_are_checked_at_creation(world: World, pool: asyncp
     ):
         r = await _create(world.http, world, placement=placement)
         assert_problem(r, r.content, 422, "placement_mismatch")
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
     r = await _create(world.http, world, placement={"metadata_home": "local"})
     assert r.status_code == 201, r.text
     placement = r.json()["definition"]["placement"]
@@ -62,7 +62,7 @@ async def test_content_classes(world: World, pool: asyncpg.Pool) -> None:
         r = await _create(world.http, world, content_class=content_class)
         assert r.status_code == 201, r.text
         assert r.json()["definition"]["content_class"] == content_class
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     r = await _create(world.http, world, content_class="raw_model_reasoning")
     assert_problem(r, r.content, 422, "content_class_forbidden")
     # Even with every other field wrong, the forbidden class is named as such.
@@ -71,11 +71,11 @@ async def test_content_classes(world: World, pool: asyncpg.Pool) -> None:
     for other in ("Raw_Model_Reasoning", "reasoning", "", 7, None):
         r = await _create(world.http, world, content_class=other)
         assert_problem(r, r.content, 422, "invalid_definition")
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
 
 
 async def test_object_region_must_be_pinned(world: World, pool: asyncpg.Pool) -> None:
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     pins = world.object_pins(b"data")
     for region in ("eu-west1", "LOCAL", ""):
         r = await world.http.post(
@@ -84,7 +84,7 @@ async def test_object_region_must_be_pinned(world: World, pool: asyncpg.Pool) ->
         assert 400 <= r.status_code < 500, r.text
         if region:
             assert_problem(r, r.content, 422, "placement_mismatch")
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
 
 
 @pytest.fixture
@@ -103,7 +103,7 @@ async def test_a_server_in_region_b_refuses_to_write_objects_of_a_stream_of_a(
     data = b"bytes that must stay in local"
     # An object prepared at home, to try uploading and committing it from region B.
     home_object = await world.prepared_object()
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     with ServerProcess(region_b_settings, log_path=tmp_path / "far.log") as far:
         async with httpx.AsyncClient(base_url=far.url, timeout=30) as http:
             for region in (None, "local", "far"):
@@ -126,7 +126,7 @@ async def test_a_server_in_region_b_refuses_to_write_objects_of_a_stream_of_a(
             assert r.status_code == 200, r.text
             r = await http.get(world.url("/records"), headers=world.admin)
             assert_problem(r, r.content, 403, "egress_denied")
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
     far_store = tmp_path / "far"
     assert not far_store.exists() or not any(far_store.rglob("*")), "bytes landed in far"
 
@@ -138,7 +138,7 @@ async def test_an_activity_in_region_b_refuses_to_write_objects_of_a_stream_of_a
     home = region_b_settings.with_overrides(region="local", tenant=world.tenant)
     far = region_b_settings.with_overrides(tenant=world.tenant)
     data = b"activity bytes " + secrets.token_bytes(8)
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     acts = StreamsActivities(far, store=store)
     async with acts.lifetime():
         for region in (None, "local", "far"):
@@ -153,7 +153,7 @@ async def test_an_activity_in_region_b_refuses_to_write_objects_of_a_stream_of_a
                 )
             assert caught.value.details[0]["code"] == "placement_mismatch"
             assert caught.value.non_retryable
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
     # The same call from an activity at home is accepted (the control).
     async with StreamsActivities(home, store=store).lifetime():
         stored = await activity_objects.upload_object(
@@ -170,7 +170,7 @@ async def test_activity_create_refuses_raw_reasoning_and_foreign_homes(
     world: World, store: Store, settings: Settings, pool: asyncpg.Pool
 ) -> None:
     acts = StreamsActivities(settings.with_overrides(tenant=world.tenant), store=store)
-    before = await fingerprint(pool)
+    before = await fingerprint(pool, *world.watched)
     async with acts.lifetime():
         for definition, code in (
             ({"content_class": "raw_model_reasoning"}, "content_class_forbidden"),
@@ -184,7 +184,7 @@ async def test_activity_create_refuses_raw_reasoning_and_foreign_homes(
                     )
                 )
             assert caught.value.details[0]["code"] == code
-    assert await fingerprint(pool) == before
+    assert await fingerprint(pool, *world.watched) == before
 
 
 async def test_token_region_does_not_widen_egress(make_world: Any) -> None:

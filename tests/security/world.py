@@ -68,6 +68,12 @@ class World:
         self._delivery_id: str | None = None
 
     @property
+    def watched(self) -> tuple[str, str]:
+        """The tenants whose data a refused request must leave alone: this world's and
+        the "other tenant" the matrix impersonates."""
+        return (self.tenant, self.tenant + "-other")
+
+    @property
     def payload(self) -> dict[str, str]:
         return {"secret": self.secret_marker, "open": self.open_marker}
 
