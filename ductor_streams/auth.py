@@ -66,9 +66,15 @@ def issue_token(
 
 def _str_list(claims: dict[str, Any], name: str) -> frozenset[str]:
     value = claims.get(name)
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+    if not isinstance(value, list) or not all(isinstance(v, str) and _clean(v) for v in value):
         raise Unauthenticated(f"the token's {name!r} claim must be a list of strings")
     return frozenset(value)
+
+
+def _clean(text: str) -> bool:
+    # NUL cannot reach Postgres (tenant and runs are query parameters): a token that
+    # carries one is malformed, not a server error.
+    return "\x00" not in text
 
 
 def verify_token(secret: str, token: str) -> Principal:
@@ -89,9 +95,11 @@ def verify_token(secret: str, token: str) -> Principal:
     except jwt.PyJWTError:
         raise Unauthenticated("the bearer token is invalid") from None
     sub, tenant, region = claims.get("sub"), claims.get("tenant"), claims.get("region")
-    if not isinstance(sub, str) or not sub or not isinstance(tenant, str) or not tenant:
+    if not (isinstance(sub, str) and sub and _clean(sub)) or not (
+        isinstance(tenant, str) and tenant and _clean(tenant)
+    ):
         raise Unauthenticated("the token's sub and tenant must be non-empty strings")
-    if region is not None and not isinstance(region, str):
+    if region is not None and not (isinstance(region, str) and _clean(region)):
         raise Unauthenticated("the token's region must be a string")
     return Principal(
         sub=sub,

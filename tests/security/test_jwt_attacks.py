@@ -159,6 +159,11 @@ BAD_CLAIMS: dict[str, dict[str, Any]] = {
     "exp_past": {"exp": 1},
     "exp_bool": {"exp": True},
     "nbf_future": {"nbf": 4_000_000_000},
+    "sub_nul": {"sub": "ali\u0000ce"},
+    "tenant_nul": {"tenant": "t\u0000"},
+    "runs_nul": {"runs": ["*", "r\u0000"]},
+    "scopes_nul": {"scopes": ["streams:read\u0000"]},
+    "region_nul": {"region": "lo\u0000cal"},
 }
 
 
