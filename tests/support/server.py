@@ -58,12 +58,20 @@ class ServerProcess:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
-        args = [sys.executable, "-m", "ductor_streams.cli", "serve", "--host", "127.0.0.1",
-                "--port", str(self.port)]
+        args = [
+            sys.executable,
+            "-m",
+            "ductor_streams.cli",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.port),
+        ]
         if not self.workers:
             args.append("--no-workers")
         env = {**os.environ, **settings_env(self.settings), **self.extra_env}
-        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL  # noqa: SIM115
+        log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(args, env=env, stdout=log, stderr=log)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
