@@ -31,6 +31,7 @@ from ductor_streams.http.routes_consumers import AckBody
 from ductor_streams.http.routes_objects import PrepareBody
 from ductor_streams.http.routes_records import AppendBody
 from ductor_streams.http.routes_streams import LegalHoldBody
+from ductor_streams.ops.filters import MAX_AGE_SECONDS
 from ductor_streams.store.encoding import MAX_BATCH_RECORDS
 
 MOUNT = "/api/workflow-streams"
@@ -117,6 +118,10 @@ def _ref(name: str) -> dict[str, Any]:
 
 
 _CURSOR = {"type": "integer", "minimum": 0, "maximum": 2**62}
+_LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}
+_PAGE = {"type": "string", "pattern": "^[0-9]{1,18}$"}
+_RUN = {"type": "string", "pattern": RUN_ID_PATTERN}
+_STREAM = {"type": "string", "pattern": STREAM_ID_PATTERN}
 OPERATIONS: dict[tuple[str, str], OperationDoc] = {
     ("post", "/runs/{run_id}/streams"): OperationDoc(
         body=_ref("StreamDefinition"), answers={"201": STREAM_VIEW, "200": STREAM_VIEW}
@@ -196,10 +201,20 @@ OPERATIONS: dict[tuple[str, str], OperationDoc] = {
     ("get", "/ops/deliveries"): OperationDoc(
         query={
             "state": {"enum": ["pending", "delivered", "retrying", "dead"]},
-            "run": {"type": "string", "pattern": RUN_ID_PATTERN},
-            "stream": {"type": "string", "pattern": STREAM_ID_PATTERN},
+            "run": _RUN,
+            "stream": _STREAM,
+            "older_than": {"type": "number", "minimum": 0, "maximum": MAX_AGE_SECONDS},
+            "limit": _LIMIT,
+            "page": _PAGE,
         },
         answers={"200": _obj({"deliveries": {"type": "array"}, "next_page": {}})},
+    ),
+    ("get", "/ops/gaps"): OperationDoc(
+        query={"run": _RUN, "stream": _STREAM, "limit": _LIMIT, "page": _PAGE},
+        answers={"200": {"type": "object"}},
+    ),
+    ("get", "/ops/summary"): OperationDoc(
+        query={"limit": _LIMIT}, answers={"200": {"type": "object"}}
     ),
 }
 

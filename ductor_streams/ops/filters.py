@@ -56,6 +56,9 @@ def parse_stream(raw: str | None) -> str | None:
     return raw
 
 
+MAX_AGE_SECONDS = 100 * 366 * 86_400
+
+
 def parse_age(raw: str | float | None) -> float | None:
     """A minimum age in seconds: a non-negative, finite number."""
     if raw is None:
@@ -64,8 +67,9 @@ def parse_age(raw: str | float | None) -> float | None:
         value = float(raw)
     except ValueError:
         raise InvalidFilter("older_than must be a number of seconds") from None
-    if not math.isfinite(value) or value < 0:
-        raise InvalidFilter("older_than must be a non-negative number of seconds")
+    # Capped at 100 years: Postgres intervals overflow (a 500) long before float does.
+    if not math.isfinite(value) or value < 0 or value > MAX_AGE_SECONDS:
+        raise InvalidFilter("older_than must be a number of seconds from 0 to 100 years")
     return value
 
 

@@ -276,3 +276,31 @@ async def test_oversized_and_odd_headers(world: World, route: ApiRoute) -> None:
         except httpx.RemoteProtocolError:
             continue  # the server closed the connection on an oversized header block
         assert r.status_code < 500, r.status_code
+
+
+QUERY_NAMES = ["cursor", "limit", "state", "run", "stream", "page", "older_than", "unknown"]
+BAD_QUERY_VALUES = ["a\x00b", "%", "'; DROP TABLE x;--", "ストリーム", "9" * 40, "-1", "", "1e9"]
+GET_ROUTES = [r for r in ROUTES if r.method == "GET"]
+
+
+@pytest.mark.parametrize("route", GET_ROUTES, ids=str)
+async def test_bad_query_parameters(world: World, pool: asyncpg.Pool, route: ApiRoute) -> None:
+    sample = await sample_for(route)(world)
+    values = await world.path_values(route)
+    before = await fingerprint(pool, *world.watched)
+    for name in QUERY_NAMES:
+        for value in BAD_QUERY_VALUES:
+            response, body = await world.request(
+                route,
+                world.admin,
+                sample=Sample(params={**sample.params, name: value}),
+                path_values=values,
+                read_body=False,
+            )
+            assert response.status_code < 500, (name, value, body[:300])
+            if response.status_code >= 400:
+                assert response.headers["content-type"].startswith(PROBLEM), (name, value)
+    assert await fingerprint(pool, *world.watched) == before
+
+
+PROBLEM = "application/problem+json"
