@@ -51,6 +51,13 @@ class RequestTooLarge(StreamsError):
     status = 413
 
 
+class HeadersTooLarge(StreamsError):
+    """The request's headers are too large."""
+
+    code = "request_header_too_large"
+    status = 431
+
+
 class MethodNotAllowed(StreamsError):
     """This method is not allowed on this path."""
 

@@ -17,13 +17,21 @@ from litestar.handlers.base import BaseRouteHandler
 
 from ductor_streams.auth import Principal
 from ductor_streams.definitions import RUN_ID_RE, STREAM_ID_RE
-from ductor_streams.errors import EgressDenied, Forbidden, NotFound, Unauthenticated
+from ductor_streams.errors import (
+    EgressDenied,
+    Forbidden,
+    HeadersTooLarge,
+    NotFound,
+    Unauthenticated,
+)
 from ductor_streams.http.tokens import VERIFIED_TOKENS
 from ductor_streams.logs import stream_fields
 from ductor_streams.store import StreamKey, StreamRef
 
 Access = Literal["read", "write", "admin"]
 log = logging.getLogger(__name__)
+# Room for an 8 KiB token and ordinary headers many times over.
+MAX_HEADER_BYTES = 32 * 1024
 
 
 async def authorize(
@@ -34,6 +42,9 @@ async def authorize(
     Async on purpose although it never awaits: Litestar runs a sync guard in a worker
     thread, a thread hand-off on every request (measured: most of the server's CPU per
     append with one client)."""
+    # The HTTP server sets no limit on header size: refuse what no client needs.
+    if sum(len(k) + len(v) for k, v in connection.scope["headers"]) > MAX_HEADER_BYTES:
+        raise HeadersTooLarge(f"the request's headers exceed {MAX_HEADER_BYTES} bytes")
     header = connection.headers.get("authorization", "")
     scheme, _, token = header.partition(" ")
     if scheme.lower() != "bearer" or not token.strip():

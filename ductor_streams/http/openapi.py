@@ -47,6 +47,7 @@ ERROR_STATUSES = {
     "413": "`record_too_large`, `object_too_large` or `request_too_large`",
     "422": "`invalid_definition`, `content_class_forbidden`, `placement_mismatch`, ...",
     "429": "`credit_exhausted`; retry after `Retry-After` seconds",
+    "431": "`request_header_too_large`: the headers exceed 32 KiB in all",
 }
 
 _INT = {"type": "integer", "minimum": 0}

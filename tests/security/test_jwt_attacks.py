@@ -237,18 +237,20 @@ async def test_secret_must_match_exactly(world: World) -> None:
         assert_problem(r, r.content, 401, "unauthenticated")
 
 
-@pytest.mark.parametrize("size", [MAX_TOKEN_LENGTH + 1, 64 * 1024, 200 * 1024])
-async def test_huge_authorization_headers_are_a_4xx_problem(world: World, size: int) -> None:
+@pytest.mark.parametrize("size", [MAX_TOKEN_LENGTH + 1, 20 * 1024])
+async def test_huge_tokens_are_401(world: World, size: int) -> None:
     r = await world.http.get(
         world.url("/records"), headers={"Authorization": "Bearer " + "a" * size}
     )
-    assert 400 <= r.status_code < 500, r.status_code
-    assert world.open_marker not in r.text
-    if r.status_code == 401:
-        assert_problem(r, r.content, 401, "unauthenticated")
-    else:
-        # Refused by the HTTP server before the app (header block too large).
-        assert r.status_code in (400, 413, 431), r.status_code
+    assert_problem(r, r.content, 401, "unauthenticated")
+
+
+@pytest.mark.parametrize("size", [64 * 1024, 200 * 1024])
+async def test_huge_authorization_headers_are_431(world: World, size: int) -> None:
+    r = await world.http.get(
+        world.url("/records"), headers={"Authorization": "Bearer " + "a" * size}
+    )
+    assert_problem(r, r.content, 431, "request_header_too_large")
 
 
 def test_bearer_helper_still_signs_hs256(world: Any = None) -> None:
