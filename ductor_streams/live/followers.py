@@ -16,6 +16,7 @@ from ductor_streams.errors import NotFound
 from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.follower import StreamFollower
 from ductor_streams.live.hub import NotificationHub
+from ductor_streams.live.stats import LIVE_READS
 from ductor_streams.live.subscription import Subscription
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.models import Page
@@ -43,6 +44,7 @@ class Followers:
         """
         follower = self._followers.get(stream_pk)
         if follower is None:
+            LIVE_READS.labels("start").inc()
             latest = await self._pool.fetchval(QUERIES["live_stream_latest"], stream_pk)
             if latest is None:
                 raise NotFound("stream does not exist")
@@ -52,7 +54,7 @@ class Followers:
                     stream_pk,
                     start_after=int(latest),
                     hub=self._hub,
-                    read=self._read,
+                    read=self._follower_read,
                     page_records=self.settings.page_records,
                     poll_seconds=self.settings.poll_seconds,
                 )
@@ -60,7 +62,7 @@ class Followers:
                 follower.start()
         subscription = Subscription(
             cursor,
-            read=partial(self._read, stream_pk),
+            read=partial(self._subscriber_read, stream_pk),
             record_gap=partial(self._record_gap, stream_pk),
             buffer_records=self.settings.buffer_records,
             page_records=self.settings.page_records,
@@ -75,6 +77,7 @@ class Followers:
 
     def release(self, stream_pk: int, subscription: Subscription) -> None:
         """Unregister a subscription; the last one out stops the stream's follower."""
+        subscription.close()
         follower = self._followers.get(stream_pk)
         if follower is not None and follower.remove(subscription):
             follower.stop()
@@ -89,6 +92,14 @@ class Followers:
             follower.stop()
         for follower in followers:
             await follower.wait_stopped()
+
+    async def _follower_read(self, stream_pk: int, after: int, limit: int) -> Page:
+        LIVE_READS.labels("follower").inc()
+        return await self._read(stream_pk, after, limit)
+
+    async def _subscriber_read(self, stream_pk: int, after: int, limit: int) -> Page:
+        LIVE_READS.labels("subscriber").inc()
+        return await self._read(stream_pk, after, limit)
 
     async def _read(self, stream_pk: int, after: int, limit: int) -> Page:
         return await read_page(self._pool, stream_pk, after, limit)

@@ -56,7 +56,13 @@ class Subscription:
         self._page = page_records
         self._buffer: deque[LiveBatch] = deque()
         self._buffered = 0
-        self._ready = asyncio.Event()
+        # Waiting without asyncio.wait_for: a bare future and one lazily re-armed timer
+        # per subscription, because wait_for (a task and a timer per wait) cost more
+        # than everything else on the fan-out path.
+        self._waiter: asyncio.Future[None] | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._idle_timeout: float | None = None
+        self._last_activity = 0.0
         self._overflowed = False
         self._catching_up = True
         self._closed_at: int | None = None
@@ -83,13 +89,22 @@ class Subscription:
         else:
             self._buffer.append(batch)
             self._buffered += size
-        self._ready.set()
+        self._wake()
 
     def stream_gone(self) -> None:
         """The follower found the stream deleted."""
         if self._terminal is None:
             self._terminal = Gone()
-        self._ready.set()
+        self._wake()
+
+    def close(self) -> None:
+        """Release the timer; the subscription delivers nothing more."""
+        self._finished = True
+        self._buffer.clear()
+        self._buffered = 0
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
 
     # -- the edge's side ------------------------------------------------------------------
 
@@ -99,13 +114,23 @@ class Subscription:
         page = await self._read_page(self.last_sent, self._page)
         self._catching_up = len(page.records) >= self._page
         self._pending = self._take_page(page)
+        self._last_activity = asyncio.get_running_loop().time()
 
     async def next(self, idle_timeout: float | None = None) -> list[LiveBatch] | Terminal | None:
         """The next batches to send, a terminal event (after which there is nothing
         more), or ``None`` when nothing arrived within ``idle_timeout`` seconds."""
+        loop = asyncio.get_running_loop()
         if self._pending:
             pending, self._pending = self._pending, []
+            self._last_activity = loop.time()
             return pending
+        item = await self._next(loop, idle_timeout)
+        self._last_activity = loop.time()
+        return item
+
+    async def _next(
+        self, loop: asyncio.AbstractEventLoop, idle_timeout: float | None
+    ) -> list[LiveBatch] | Terminal | None:
         while True:
             if self._finished:
                 raise RuntimeError("the subscription has ended")
@@ -129,11 +154,15 @@ class Subscription:
             if self._closed_at is not None and self.last_sent >= self._closed_at:
                 return self._finish(End(self._closed_at))
             if not self._buffer:
-                self._ready.clear()
-                try:
-                    await asyncio.wait_for(self._ready.wait(), idle_timeout)
-                except TimeoutError:
+                if idle_timeout is not None and (loop.time() - self._last_activity >= idle_timeout):
                     return None
+                self._idle_timeout = idle_timeout
+                self._waiter = loop.create_future()
+                self._arm_timer(loop)
+                try:
+                    await self._waiter
+                finally:
+                    self._waiter = None
                 continue
             delivery = await self._from_buffer()
             if isinstance(delivery, Expired | Gone):
@@ -146,10 +175,29 @@ class Subscription:
         return self._finished
 
     def _finish(self, terminal: Terminal) -> Terminal:
-        self._finished = True
-        self._buffer.clear()
-        self._buffered = 0
+        self.close()
         return terminal
+
+    def _wake(self) -> None:
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._timer is None and self._idle_timeout is not None:
+            self._timer = loop.call_at(self._last_activity + self._idle_timeout, self._on_timer)
+
+    def _on_timer(self) -> None:
+        # Fires at most once per idle interval; while deliveries keep coming, it only
+        # re-arms itself for the new deadline.
+        self._timer = None
+        if self._waiter is None or self._waiter.done() or self._idle_timeout is None:
+            return
+        loop = self._waiter.get_loop()
+        if loop.time() - self._last_activity >= self._idle_timeout:
+            self._waiter.set_result(None)
+        else:
+            self._arm_timer(loop)
 
     def _note_bounds(self, closed: bool, latest: int) -> None:
         if closed:

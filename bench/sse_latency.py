@@ -1,0 +1,438 @@
+"""Benchmark: live delivery latency over SSE, and what subscribers cost Postgres.
+
+    python -m bench.sse_latency [--subscribers 0,1,100,1000] [--rate 200] [--seconds 10]
+                                [--database-url postgresql://...] [--json out.json]
+
+For each subscriber count, on a fresh stream of a real ``serve --no-workers`` process:
+the subscribers connect (in a separate process, raw asyncio protocols, so that parsing
+does not disturb the producer), then this process appends one record per request at
+``--rate`` per second for ``--seconds`` and closes the stream. Latency is from the start
+of the append request to the moment a subscriber's socket delivered the record, over
+every (subscriber, record) pair; both processes read the same monotonic clock.
+
+Postgres cost, over the producing window: the server's live-delivery reads per append
+(``ductor_streams_live_reads_total`` from its /metrics: ``follower`` reads are one per
+wake per stream, ``subscriber`` reads are backfills, overflow catch-ups and gap repairs)
+and the largest number of connections to the database seen (pool + the one LISTEN
+connection). Neither may grow with the number of subscribers.
+
+Baseline in the same run: raw ``pg_notify`` commit -> asyncpg listener callback.
+The database is a fresh one created on the given server (default
+$DUCTOR_STREAMS_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL) and dropped after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import array
+import asyncio
+import json
+import multiprocessing as mp
+import os
+import re
+import secrets
+import sys
+import tempfile
+import time
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import psutil
+
+from ductor_streams.auth import issue_token
+from ductor_streams.config import Settings
+from ductor_streams.schema.migrate import migrate
+from tests.support.postgres import create_database, drop_database
+from tests.support.server import ServerProcess
+
+API = "/api/workflow-streams"
+_ID = re.compile(rb"^id: (\d+)\r?$", re.MULTILINE)
+_END = b"event: end"
+
+
+# -- subscribers (child process) ------------------------------------------------------------
+
+
+class _SseClient(asyncio.Protocol):
+    """A minimal SSE reader: the receive time of every ``id:`` line, by sequence."""
+
+    def __init__(self, request: bytes, times: array.array[float], done: asyncio.Future[None]):
+        self.request = request
+        self.times = times
+        self.done = done
+        self.headers_seen = asyncio.get_running_loop().create_future()
+        self._head = b""
+        self._tail = b""
+        self._in_body = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        transport.write(self.request)  # type: ignore[attr-defined]
+
+    def data_received(self, data: bytes) -> None:
+        now = time.monotonic()
+        if not self._in_body:
+            self._head += data
+            head, sep, rest = self._head.partition(b"\r\n\r\n")
+            if not sep:
+                return
+            if not head.startswith(b"HTTP/1.1 200"):
+                self.headers_seen.set_exception(RuntimeError(head.split(b"\r\n")[0].decode()))
+                return
+            self._in_body = True
+            self.headers_seen.set_result(None)
+            data = rest
+        buffer = self._tail + data
+        cut = buffer.rfind(b"\n\n")
+        if cut < 0:
+            self._tail = buffer
+            return
+        complete, self._tail = buffer[: cut + 2], buffer[cut + 2 :]
+        times = self.times
+        for match in _ID.finditer(complete):
+            sequence = int(match.group(1))
+            if sequence < len(times) and times[sequence] == 0.0:
+                times[sequence] = now
+        if _END in complete and not self.done.done():
+            self.done.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.done.done():
+            self.done.set_result(None)
+        if not self.headers_seen.done():
+            self.headers_seen.set_exception(ConnectionError("closed before the headers"))
+
+
+async def _subscribers(
+    host: str, port: int, path: str, token: str, count: int, capacity: int, pipe: Connection
+) -> list[array.array[float]]:
+    loop = asyncio.get_running_loop()
+    request = (
+        f"GET {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+        "Accept: text/event-stream\r\n\r\n"
+    ).encode()
+    all_times = [array.array("d", bytes(8 * capacity)) for _ in range(count)]
+    clients: list[tuple[asyncio.Transport, _SseClient]] = []
+    for i in range(count):
+        done: asyncio.Future[None] = loop.create_future()
+        transport, protocol = await loop.create_connection(
+            lambda i=i, done=done: _SseClient(request, all_times[i], done), host, port
+        )
+        clients.append((transport, protocol))  # type: ignore[arg-type]
+        if i % 100 == 99:
+            await asyncio.gather(*(p.headers_seen for _, p in clients))
+    await asyncio.gather(*(p.headers_seen for _, p in clients))
+    pipe.send("ready")  # every subscriber is registered (headers come after registration)
+    await asyncio.wait_for(asyncio.gather(*(p.done for _, p in clients)), timeout=600)
+    for transport, _ in clients:
+        transport.close()
+    return all_times
+
+
+def _subscriber_process(
+    host: str, port: int, path: str, token: str, count: int, capacity: int, pipe: Connection
+) -> None:
+    try:
+        import uvloop
+
+        uvloop.install()
+    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
+        pass
+    try:
+        times = asyncio.run(_subscribers(host, port, path, token, count, capacity, pipe))
+    except BaseException as exc:
+        pipe.send(f"failed: {type(exc).__name__}: {exc}")
+        raise
+    pipe.send([t.tobytes() for t in times])
+
+
+# -- measurements ------------------------------------------------------------------------------
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50_ms": float("nan"), "p99_ms": float("nan"), "max_ms": float("nan")}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))] * 1000
+
+    return {"p50_ms": pick(0.50), "p99_ms": pick(0.99), "max_ms": ordered[-1] * 1000}
+
+
+async def notify_baseline(dsn: str, samples: int = 400, rate: float = 200.0) -> dict[str, float]:
+    """Raw commit -> NOTIFY -> asyncpg listener callback, one notification at a time."""
+    listener = await asyncpg.connect(dsn)
+    sender = await asyncpg.connect(dsn)
+    got: asyncio.Queue[float] = asyncio.Queue()
+    await listener.add_listener("bench_baseline", lambda *_: got.put_nowait(time.monotonic()))
+    latencies = []
+    try:
+        for i in range(samples):
+            started = time.monotonic()
+            await sender.execute(f"SELECT pg_notify('bench_baseline', '{i}')")
+            latencies.append(await asyncio.wait_for(got.get(), 10) - started)
+            await asyncio.sleep(max(0.0, started + 1 / rate - time.monotonic()))
+    finally:
+        await listener.close()
+        await sender.close()
+    return _percentiles(latencies)
+
+
+class _Connections:
+    """The largest number of client connections to the database seen while sampling."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+        self.peak = 0
+
+    async def sample(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            count = await self.conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+                " AND backend_type = 'client backend'"
+            )
+            self.peak = max(self.peak, int(count))
+            try:
+                await asyncio.wait_for(stop.wait(), 0.25)
+            except TimeoutError:
+                pass
+
+
+_READS = re.compile(r'^ductor_streams_live_reads_total\{kind="(\w+)"\} (\S+)$', re.MULTILINE)
+
+
+async def live_reads(client: httpx.AsyncClient) -> dict[str, float]:
+    """The server's Postgres reads for live delivery so far, by kind (from /metrics)."""
+    text = (await client.get("/metrics")).text
+    return {kind: float(value) for kind, value in _READS.findall(text)}
+
+
+async def one_run(
+    server: ServerProcess,
+    token: str,
+    connections: _Connections,
+    *,
+    subscribers: int,
+    rate: float,
+    seconds: float,
+    client_processes: int = 1,
+) -> dict[str, Any]:
+    run_id = f"bench-{secrets.token_hex(4)}"
+    stream = f"{API}/runs/{run_id}/streams/s"
+    headers = {"Authorization": f"Bearer {token}"}
+    total = int(rate * seconds)
+    starts = [0.0] * (total + 1)
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+        r = await client.post(
+            f"{API}/runs/{run_id}/streams",
+            json={"stream_id": "s", "direction": "output"},
+            headers=headers,
+        )
+        r.raise_for_status()
+        children: list[tuple[Any, Connection]] = []
+        shares = [subscribers // client_processes] * client_processes
+        for k in range(subscribers % client_processes):
+            shares[k] += 1
+        for share in (n for n in shares if n):
+            parent_end, child_end = mp.Pipe()
+            child = mp.get_context("spawn").Process(
+                target=_subscriber_process,
+                args=(
+                    "127.0.0.1",
+                    server.port,
+                    stream + "/subscribe",
+                    token,
+                    share,
+                    total + 1,
+                    child_end,
+                ),
+            )
+            child.start()
+            children.append((child, parent_end))
+        for _, parent_end in children:
+            ready = await asyncio.to_thread(parent_end.poll, 300)
+            answer = parent_end.recv() if ready else "no answer in 300 s"
+            if answer != "ready":
+                raise RuntimeError(f"subscribers did not connect: {answer}")
+
+        reads_before = await live_reads(client)
+        server_process = psutil.Process(server.process.pid if server.process else 0)
+        cpu_before = sum(server_process.cpu_times()[:2])
+        client_processes_ = [psutil.Process(child.pid) for child, _ in children]
+        clients_before = sum(sum(c.cpu_times()[:2]) for c in client_processes_)
+        connections.peak = 0
+        stop = asyncio.Event()
+        sampler = asyncio.create_task(connections.sample(stop))
+
+        async def one_append(i: int) -> None:
+            started = time.monotonic()
+            r = await client.post(
+                stream + "/records", json={"records": [{"payload": {"i": i}}]}, headers=headers
+            )
+            r.raise_for_status()
+            starts[r.json()["first_sequence"]] = started
+
+        began = time.monotonic()
+        tasks = []
+        for i in range(total):
+            await asyncio.sleep(max(0.0, began + i / rate - time.monotonic()))
+            tasks.append(asyncio.create_task(one_append(i)))
+        await asyncio.gather(*tasks)
+        produced_in = time.monotonic() - began
+        stop.set()
+        await sampler
+        reads_after = await live_reads(client)
+        server_cpu = sum(server_process.cpu_times()[:2]) - cpu_before
+        clients_cpu = sum(sum(c.cpu_times()[:2]) for c in client_processes_) - clients_before
+        r = await client.post(stream + "/close", headers=headers)
+        r.raise_for_status()
+
+        latencies: list[float] = []
+        missing = 0
+        for child, parent_end in children:
+            ready = await asyncio.to_thread(parent_end.poll, 600)
+            if not ready:
+                raise RuntimeError("subscribers did not finish")
+            answer = parent_end.recv()
+            if isinstance(answer, str):
+                raise RuntimeError(f"subscribers failed: {answer}")
+            for raw in answer:
+                times = array.array("d")
+                times.frombytes(raw)
+                for sequence in range(1, total + 1):
+                    if times[sequence] == 0.0:
+                        missing += 1
+                    else:
+                        latencies.append(times[sequence] - starts[sequence])
+            child.join(30)
+    return {
+        "subscribers": subscribers,
+        "appends": total,
+        "achieved_rate": round(total / produced_in, 1),
+        "deliveries": len(latencies),
+        "missing": missing,
+        **{k: round(v, 2) for k, v in _percentiles(latencies).items()},
+        **{
+            f"{kind}_reads_per_append": round(
+                (reads_after.get(kind, 0) - reads_before.get(kind, 0)) / total, 3
+            )
+            for kind in ("follower", "subscriber")
+        },
+        "max_server_connections": connections.peak,
+        "server_cpu_share": round(server_cpu / produced_in, 3),
+        "client_cpu_share": round(clients_cpu / produced_in, 3),
+    }
+
+
+async def run(
+    *,
+    subscribers: tuple[int, ...] = (0, 1, 100, 1000),
+    rate: float = 200.0,
+    seconds: float = 10.0,
+    database_url: str | None = None,
+    client_processes: int = 1,
+) -> dict[str, Any]:
+    """Run the benchmark; returns the baseline and one row per subscriber count."""
+    server_dsn = (
+        database_url
+        or os.environ.get("DUCTOR_STREAMS_DATABASE_URL")
+        or os.environ.get("DUCTOR_STREAMS_TEST_DATABASE_URL")
+    )
+    if not server_dsn:
+        raise SystemExit("give --database-url or set DUCTOR_STREAMS_DATABASE_URL")
+    name = f"ds_bench_{secrets.token_hex(5)}"
+    dsn = await asyncio.to_thread(create_database, server_dsn, name)
+    try:
+        await migrate(dsn)
+        secret = secrets.token_urlsafe(32)
+        settings = Settings(
+            database_url=dsn,
+            jwt_secret=secret,
+            object_stores={"local": Path(tempfile.mkdtemp(prefix="ds-bench-")).as_uri()},
+        )
+        token = issue_token(
+            secret,
+            sub="bench",
+            tenant="bench",
+            scopes=["streams:read", "streams:write", "streams:admin"],
+            runs=["*"],
+            ttl_seconds=3600,
+        )
+        baseline = await notify_baseline(dsn)
+        rows = []
+        monitor = await asyncpg.connect(dsn)
+        try:
+            with ServerProcess(settings) as server:
+                connections = _Connections(monitor)
+                for count in subscribers:
+                    rows.append(
+                        await one_run(
+                            server,
+                            token,
+                            connections,
+                            subscribers=count,
+                            rate=rate,
+                            seconds=seconds,
+                            client_processes=client_processes,
+                        )
+                    )
+        finally:
+            await monitor.close()
+        return {"baseline_notify": {k: round(v, 3) for k, v in baseline.items()}, "runs": rows}
+    finally:
+        await asyncio.to_thread(drop_database, server_dsn, name)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.sse_latency", description=__doc__)
+    parser.add_argument("--subscribers", default="0,1,100,1000")
+    parser.add_argument("--rate", type=float, default=200.0)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--database-url")
+    parser.add_argument(
+        "--client-processes",
+        type=int,
+        default=1,
+        help="processes the subscribers are spread over (check client cpu in the output)",
+    )
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    counts = tuple(int(x) for x in args.subscribers.split(",") if x.strip())
+    result = asyncio.run(
+        run(
+            subscribers=counts,
+            rate=args.rate,
+            seconds=args.seconds,
+            database_url=args.database_url,
+            client_processes=max(1, args.client_processes),
+        )
+    )
+    base = result["baseline_notify"]
+    print(
+        f"baseline commit->NOTIFY->listener: p50 {base['p50_ms']:.3f} ms, "
+        f"p99 {base['p99_ms']:.3f} ms"
+    )
+    print(
+        f"{'subs':>5} {'rate/s':>7} {'deliveries':>10} {'missing':>7} {'p50 ms':>7} "
+        f"{'p99 ms':>7} {'max ms':>7} {'follower/app':>12} {'subscriber/app':>14} "
+        f"{'pg conns':>8} {'srv cpu':>7} {'cli cpu':>7}"
+    )
+    for row in result["runs"]:
+        print(
+            f"{row['subscribers']:>5} {row['achieved_rate']:>7} {row['deliveries']:>10} "
+            f"{row['missing']:>7} {row['p50_ms']:>7} {row['p99_ms']:>7} {row['max_ms']:>7} "
+            f"{row['follower_reads_per_append']:>12} {row['subscriber_reads_per_append']:>14} "
+            f"{row['max_server_connections']:>8} {row['server_cpu_share']:>7} "
+            f"{row['client_cpu_share']:>7}"
+        )
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,22 @@
+"""Live delivery's own Prometheus counter: the Postgres reads it makes, by kind.
+
+Registered in the process registry of ``ductor_streams.metrics`` (served at /metrics).
+What subscribers cost Postgres is read off it: ``follower`` reads are one per wake per
+stream however many subscribers there are; ``subscriber`` reads are backfills, overflow
+catch-ups and gap repairs; ``start`` is one per follower started.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter
+
+from ductor_streams.metrics import REGISTRY
+
+LIVE_READS = Counter(
+    "ductor_streams_live_reads",
+    "Postgres reads made by live delivery, by kind (follower, subscriber, start).",
+    ["kind"],
+    registry=REGISTRY,
+)
+for _kind in ("follower", "subscriber", "start"):
+    LIVE_READS.labels(_kind)
