@@ -327,3 +327,29 @@ async def test_a_subscriber_that_reads_nothing_does_not_delay_another(live_serve
         timeout=10,
         what="the overflow (fallback to Postgres) to be logged",
     )
+
+
+async def test_redaction_applies_per_subscriber_on_shared_batches(server, auth, run_id):
+    """Two subscribers of one process share each batch; each sees its own redaction."""
+    h = auth()
+    plain = auth(scopes=["streams:read"])
+    url = stream_url(run_id, "red") + "/subscribe"
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as c:
+        await create_stream(c, run_id, "red", h, redaction={"json_pointers": ["/user/email"]})
+        redacted, clear = Collected(), Collected()
+        tasks = [
+            asyncio.create_task(collect_sse(server.url, url, plain, into=redacted, until=2)),
+            asyncio.create_task(collect_sse(server.url, url, h, into=clear, until=2)),
+        ]
+        await asyncio.wait_for(redacted.connected.wait(), 10)
+        await asyncio.wait_for(clear.connected.wait(), 10)
+        await append(c, run_id, "red", [{"user": {"email": "a@b.c", "n": 1}}, {"other": 2}], h)
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    assert [r["payload"] for r in redacted.records] == [
+        {"user": {"email": "[REDACTED]", "n": 1}},
+        {"other": 2},
+    ]
+    assert [r["payload"] for r in clear.records] == [
+        {"user": {"email": "a@b.c", "n": 1}},
+        {"other": 2},
+    ]
