@@ -50,7 +50,7 @@ def subscribe_cursor(request: Request[Any, Any, Any]) -> int:
     return parse_cursor(request.query_params.get("cursor"))
 
 
-@get(STREAM + "/subscribe", opt={"scope": "streams:read"})
+@get(STREAM + "/subscribe", opt={"scope": "streams:read"}, media_type="text/event-stream")
 async def subscribe(request: Request[Any, Any, Any]) -> Stream:
     """Follow the stream live from the cursor, as Server-Sent Events."""
     cursor = subscribe_cursor(request)
