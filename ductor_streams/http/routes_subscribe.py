@@ -9,11 +9,11 @@ sequence), ``: keepalive`` comments while idle, and ``end`` after close or ``err
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from functools import partial
 from typing import Any
 
 import msgspec
 from litestar import Litestar, Request, get
-from litestar.response import Stream
 
 from ductor_streams import metrics
 from ductor_streams.errors import InvalidCursor
@@ -22,6 +22,7 @@ from ductor_streams.http.codec import encode_record
 from ductor_streams.http.params import parse_cursor
 from ductor_streams.http.problems import problem_response
 from ductor_streams.http.routes_streams import STREAM
+from ductor_streams.http.sse_response import DirectWriter, SseStream
 from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.events import End, Expired, LiveBatch
 from ductor_streams.live.followers import Followers
@@ -51,7 +52,7 @@ def subscribe_cursor(request: Request[Any, Any, Any]) -> int:
 
 
 @get(STREAM + "/subscribe", opt={"scope": "streams:read"}, media_type="text/event-stream")
-async def subscribe(request: Request[Any, Any, Any]) -> Stream:
+async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
     """Follow the stream live from the cursor, as Server-Sent Events."""
     cursor = subscribe_cursor(request)
     ref = await stream_for(request, "read")
@@ -59,14 +60,16 @@ async def subscribe(request: Request[Any, Any, Any]) -> Stream:
     redaction = [] if may_see_unredacted(request) else list(ref.definition.redaction.json_pointers)
     followers = followers_of(request.app)
     subscription = await followers.subscribe(ref.stream_pk, cursor)
+    writer = DirectWriter(partial(_record_frames, redaction=redaction, memo_key=tuple(redaction)))
     events = _events(
         followers,
         ref.stream_pk,
         subscription,
         redaction,
+        writer,
         instance=request.scope.get("path"),
     )
-    return Stream(events, media_type="text/event-stream", headers=SSE_HEADERS)
+    return SseStream(events, media_type="text/event-stream", headers=SSE_HEADERS, writer=writer)
 
 
 async def _events(
@@ -74,15 +77,19 @@ async def _events(
     stream_pk: int,
     subscription: Subscription,
     redaction: list[str],
+    writer: DirectWriter,
     *,
     instance: str | None,
 ) -> AsyncIterator[bytes]:
     keepalive = followers.settings.keepalive_seconds
     memo_key = tuple(redaction)
     metrics.SUBSCRIBERS.inc()
+    subscription.attach_sink(writer)
     try:
         while True:
             item = await subscription.next(keepalive)
+            # A direct write that had to wait for the client goes out before this item.
+            await writer.drain()
             if item is None:
                 yield KEEPALIVE
             elif isinstance(item, list):
@@ -98,6 +105,7 @@ async def _events(
     finally:
         # Runs on normal end and when the client goes away (the generator is cancelled).
         metrics.SUBSCRIBERS.dec()
+        writer.cancel()
         followers.release(stream_pk, subscription)
 
 

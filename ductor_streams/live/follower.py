@@ -28,6 +28,11 @@ from ductor_streams.store.models import Page
 
 log = logging.getLogger(__name__)
 
+# Subscribers served per turn of the event loop. A fan-out to a thousand subscribers
+# writes a thousand sockets (milliseconds of CPU); in slices, the appends and reads of
+# the same process are not held up behind all of it.
+FAN_OUT_SLICE = 128
+
 Reader = Callable[[int, int, int], Awaitable[Page]]
 """``read(stream_pk, after, limit)``, e.g. ``store.read.read_page`` over the pool."""
 
@@ -129,9 +134,18 @@ class StreamFollower:
             if page.records or (page.closed and not self._closed_announced):
                 self._closed_announced = page.closed
                 batch = LiveBatch(page.records, page.latest_sequence, page.closed)
-                for subscription in list(self._subscribers):
-                    subscription.offer(batch)
+                await self._fan_out(batch)
                 if page.records:
                     self.last_read = page.records[-1].sequence
             if len(page.records) < self._page:
                 return
+
+    async def _fan_out(self, batch: LiveBatch) -> None:
+        # The snapshot is taken after the read: whoever registers later (even between
+        # slices) began its own backfill after this read, so it has these records.
+        subscribers = list(self._subscribers)
+        for start in range(0, len(subscribers), FAN_OUT_SLICE):
+            if start:
+                await asyncio.sleep(0)
+            for subscription in subscribers[start : start + FAN_OUT_SLICE]:
+                subscription.offer(batch)
