@@ -52,6 +52,13 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
  WHERE s.stream_pk = $1
  ORDER BY r.sequence;
 
+-- name: records_append
+-- The 7-argument form: notifies inside its own transaction, at commit. Not on the HTTP
+-- append path (records_append_group); tests/speed/test_wakes.py checks that form with it.
+SELECT request_index, outcome, first_sequence, last_sequence
+  FROM workflow_streams.append_requests($1, $2::integer[], $3::text[], $4::text[],
+                                        $5::text[], $6::integer[], $7::jsonb[]);
+
 -- name: consumer_ack
 SELECT outcome, acked_sequence FROM workflow_streams.ack_consumer($1, $2, $3);
 
