@@ -164,11 +164,31 @@ for _outcome in ("done", "failed"):
     OBJECT_DELETIONS.labels(_outcome)
 
 
+# The append counters' children, bound once: ``labels()`` (a lock and a dict lookup
+# per call) three times per append request showed in the append path's profile.
+_APPEND_CHILDREN = {
+    _direction: (
+        APPENDS.labels(_direction),
+        APPENDED_RECORDS.labels(_direction),
+        APPENDED_BYTES.labels(_direction),
+    )
+    for _direction in ("input", "output")
+}
+
+
 def count_append(direction: str, records: int, nbytes: int) -> None:
     """One committed append request of ``records`` records and ``nbytes`` bytes."""
-    APPENDS.labels(direction).inc()
-    APPENDED_RECORDS.labels(direction).inc(records)
-    APPENDED_BYTES.labels(direction).inc(nbytes)
+    children = _APPEND_CHILDREN.get(direction)
+    if children is None:
+        children = (
+            APPENDS.labels(direction),
+            APPENDED_RECORDS.labels(direction),
+            APPENDED_BYTES.labels(direction),
+        )
+    appends, appended_records, appended_bytes = children
+    appends.inc()
+    appended_records.inc(records)
+    appended_bytes.inc(nbytes)
 
 
 async def refresh_from_database(pool: asyncpg.Pool) -> None:

@@ -71,6 +71,7 @@ class Appender:
     def __init__(self, pool: asyncpg.Pool, wakes: WakeSender | None = None) -> None:
         self._pool = pool
         self._lanes: dict[int, _Lane] = {}
+        self._in_flight = 0  # group statements running now, all streams
         self.wakes = wakes if wakes is not None else WakeSender(pool)
 
     async def append(self, stream_pk: int, batch: EncodedBatch) -> AppendResult:
@@ -86,8 +87,9 @@ class Appender:
         if not lane.draining:
             lane.draining = True
             asyncio.get_running_loop().create_task(self._drain(stream_pk, lane))
-        # shield: a caller that goes away must not cancel the group it belongs to.
-        return await asyncio.shield(future)
+        # A caller that goes away cancels only its own future: the group runs in the
+        # drain task and skips a future that is already done (no shield needed).
+        return await future
 
     async def _drain(self, stream_pk: int, lane: _Lane) -> None:
         try:
@@ -115,6 +117,7 @@ class Appender:
     async def _run_group(
         self, stream_pk: int, group: list[tuple[EncodedBatch, asyncio.Future[Outcome]]]
     ) -> None:
+        self._in_flight += 1
         try:
             outcomes = await self._call(stream_pk, [batch for batch, _ in group])
         except asyncpg.PostgresError as exc:
@@ -131,9 +134,14 @@ class Appender:
             if not isinstance(exc, Exception):
                 raise
             return
+        finally:
+            self._in_flight -= 1
         if any(outcome[0] == "appended" for outcome in outcomes):
-            # The statement returned, so the group's transaction has committed.
-            self.wakes.announce(f"r{stream_pk}")
+            # The statement returned, so the group's transaction has committed. When
+            # other groups are in flight or queued, its wake may share their statement.
+            lane = self._lanes.get(stream_pk)
+            more_coming = self._in_flight > 0 or (lane is not None and bool(lane.pending))
+            self.wakes.announce(f"r{stream_pk}", more_coming=more_coming)
         for (_, future), outcome in zip(group, outcomes, strict=True):
             if not future.done():
                 future.set_result(outcome)

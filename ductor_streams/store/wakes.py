@@ -23,21 +23,39 @@ import asyncpg
 from ductor_streams.schema import QUERIES
 
 log = logging.getLogger(__name__)
+# A wake waits at most this long for others to share its statement (only when the
+# previous statement started less than this long ago).
+MIN_INTERVAL_SECONDS = 0.002
 
 
 class WakeSender:
     """Coalesces wake payloads (``r<stream_pk>``) into one NOTIFY statement at a time."""
 
-    def __init__(self, pool: asyncpg.Pool, *, retry_delay: float = 0.05) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        retry_delay: float = 0.05,
+        min_interval: float = MIN_INTERVAL_SECONDS,
+    ) -> None:
         self._pool = pool
         self._pending: dict[str, None] = {}  # insertion-ordered set
         self._task: asyncio.Task[None] | None = None
         self._retry_delay = retry_delay
+        self._min_interval = min_interval
+        self._last_sent_at = -1e9  # loop time at which the last statement started
+        self._urgent = False  # a queued wake has no later commit to share a statement with
         self.statements = 0  # NOTIFY statements sent (tests and benchmarks read it)
 
-    def announce(self, payload: str) -> None:
-        """Queue a wake for a commit that has ALREADY returned; sends soon, in order."""
+    def announce(self, payload: str, *, more_coming: bool = False) -> None:
+        """Queue a wake for a commit that has ALREADY returned; sends soon, in order.
+
+        ``more_coming``: other commits of this process are in flight, so this wake may
+        wait (at most ``min_interval`` after the previous statement) to share theirs.
+        """
         self._pending[payload] = None
+        if not more_coming:
+            self._urgent = True
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._flush())
 
@@ -48,7 +66,17 @@ class WakeSender:
 
     async def _flush(self) -> None:
         delay = self._retry_delay
+        loop = asyncio.get_running_loop()
         while self._pending:
+            # Under load (more commits in flight), at most one statement per
+            # ``min_interval``: the wakes of many commits go together. A wake with no
+            # commit in flight behind it goes at once.
+            if not self._urgent:
+                wait = self._last_sent_at + self._min_interval - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            self._last_sent_at = loop.time()
+            self._urgent = False
             payloads = list(self._pending)
             self._pending.clear()
             try:
