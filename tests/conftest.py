@@ -18,6 +18,7 @@ from litestar.testing import AsyncTestClient
 from ductor_streams.auth import SCOPES, issue_token
 from ductor_streams.config import Settings
 from ductor_streams.http import create_app
+from ductor_streams.live.hub import NotificationHub
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store import Store
 from ductor_streams.store.db import create_pool
@@ -81,6 +82,23 @@ async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
 @pytest.fixture(scope="session")
 async def store(pool: asyncpg.Pool) -> Store:
     return Store(pool)
+
+
+@pytest.fixture(scope="session")
+async def hub(database_url: str) -> AsyncIterator[NotificationHub]:
+    """A real NotificationHub (one LISTEN connection) for the session."""
+    hub = NotificationHub(database_url)
+    await hub.start()
+    try:
+        yield hub
+    finally:
+        await hub.close()
+
+
+@pytest.fixture(scope="session")
+async def hub_store(pool: asyncpg.Pool, hub: NotificationHub) -> Store:
+    """A Store like the app's: acks wake producers blocked on credit through the hub."""
+    return Store(pool, hub=hub)
 
 
 @pytest.fixture(scope="session")
