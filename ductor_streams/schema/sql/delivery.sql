@@ -1,6 +1,6 @@
 -- Input delivery (the outbox of input records -> workflow signals). States:
 -- pending -> delivered | retrying | dead; retrying -> delivered | retrying | dead;
--- dead -> pending (operator retry). See docs/delivery.md.
+-- dead -> pending (operator retry). See docs/temporal.md.
 
 -- name: delivery_claim
 -- Claims up to $3 streams' heads (the first open delivery of each stream) that are due
@@ -11,25 +11,11 @@
 -- no later one is claimable. FOR UPDATE SKIP LOCKED lets concurrent claimers pass each
 -- other; a head updated by a committed concurrent claim is re-checked (state, lease) and
 -- dropped.
-WITH RECURSIVE lanes AS (
-    (SELECT o.stream_pk, o.sequence
-       FROM workflow_streams.input_deliveries o
-      WHERE o.state IN ('pending', 'retrying')
-      ORDER BY o.stream_pk, o.sequence
-      LIMIT 1)
-    UNION ALL
-    SELECT n.stream_pk, n.sequence
-      FROM lanes l
-     CROSS JOIN LATERAL (
-            SELECT o.stream_pk, o.sequence
-              FROM workflow_streams.input_deliveries o
-             WHERE o.state IN ('pending', 'retrying') AND o.stream_pk > l.stream_pk
-             ORDER BY o.stream_pk, o.sequence
-             LIMIT 1) n
-), heads AS (
+WITH heads AS (
     SELECT d.stream_pk, d.sequence
       FROM workflow_streams.input_deliveries d
-      JOIN lanes l ON l.stream_pk = d.stream_pk AND l.sequence = d.sequence
+      JOIN workflow_streams.open_delivery_heads l
+        ON l.stream_pk = d.stream_pk AND l.sequence = d.sequence
       JOIN workflow_streams.streams s ON s.stream_pk = d.stream_pk
      WHERE s.tenant = $5
        AND d.state IN ('pending', 'retrying')
@@ -99,26 +85,10 @@ UPDATE workflow_streams.input_deliveries
 -- name: delivery_next_due
 -- Seconds until the earliest stream head of tenant $1 becomes claimable (<= 0: now);
 -- NULL when nothing is open. Rows behind a head do not count: they wait for it.
-WITH RECURSIVE lanes AS (
-    (SELECT o.stream_pk, o.sequence
-       FROM workflow_streams.input_deliveries o
-      WHERE o.state IN ('pending', 'retrying')
-      ORDER BY o.stream_pk, o.sequence
-      LIMIT 1)
-    UNION ALL
-    SELECT n.stream_pk, n.sequence
-      FROM lanes l
-     CROSS JOIN LATERAL (
-            SELECT o.stream_pk, o.sequence
-              FROM workflow_streams.input_deliveries o
-             WHERE o.state IN ('pending', 'retrying') AND o.stream_pk > l.stream_pk
-             ORDER BY o.stream_pk, o.sequence
-             LIMIT 1) n
-)
 SELECT extract(epoch FROM min(greatest(d.next_attempt_at,
                                        coalesce(d.lease_expires_at, d.next_attempt_at)))
                            - now())::float8 AS seconds
-  FROM lanes l
+  FROM workflow_streams.open_delivery_heads l
   JOIN workflow_streams.input_deliveries d ON d.stream_pk = l.stream_pk AND d.sequence = l.sequence
   JOIN workflow_streams.streams s ON s.stream_pk = d.stream_pk
  WHERE s.tenant = $1;
