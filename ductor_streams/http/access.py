@@ -9,6 +9,7 @@ outside ``client_egress_regions`` on a payload path is 403 ``egress_denied``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import Any, Literal
 
 from litestar import Request
@@ -26,7 +27,7 @@ from ductor_streams.errors import (
 )
 from ductor_streams.http.tokens import VERIFIED_TOKENS
 from ductor_streams.logs import stream_fields
-from ductor_streams.store import StreamKey, StreamRef
+from ductor_streams.store import Store, StreamKey, StreamRef
 
 Access = Literal["read", "write", "admin"]
 log = logging.getLogger(__name__)
@@ -42,22 +43,42 @@ async def authorize(
     Async on purpose although it never awaits: Litestar runs a sync guard in a worker
     thread, a thread hand-off on every request (measured: most of the server's CPU per
     append with one client)."""
+    connection.state.principal = authenticate(
+        connection.scope["headers"],
+        connection.path_params.get("run_id"),
+        handler.opt.get("scope"),
+        connection.app.state.settings.require_jwt_secret(),
+    )
+
+
+def authenticate(
+    raw_headers: Iterable[tuple[bytes, bytes]],
+    run_id: str | None,
+    scope: str | None,
+    secret: str,
+) -> Principal:
+    """The request's principal, checked in the contract's order (401, 404, 403).
+
+    ``raw_headers`` are the ASGI scope's; ``run_id`` the path's, if it names a run;
+    ``scope`` the one the route requires."""
     # The HTTP server sets no limit on header size: refuse what no client needs.
-    if sum(len(k) + len(v) for k, v in connection.scope["headers"]) > MAX_HEADER_BYTES:
+    size = 0
+    authorization = None
+    for name, value in raw_headers:
+        size += len(name) + len(value)
+        if authorization is None and name.lower() == b"authorization":
+            authorization = value.decode("latin-1")
+    if size > MAX_HEADER_BYTES:
         raise HeadersTooLarge(f"the request's headers exceed {MAX_HEADER_BYTES} bytes")
-    header = connection.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
+    scheme, _, token = (authorization or "").partition(" ")
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("a bearer token is required")
-    secret = connection.app.state.settings.require_jwt_secret()
     principal = VERIFIED_TOKENS.principal(secret, token.strip())
-    run_id = connection.path_params.get("run_id")
     if run_id is not None and (not RUN_ID_RE.match(run_id) or not principal.sees_run(run_id)):
         raise NotFound(f"run {run_id!r} does not exist")
-    scope = handler.opt.get("scope")
     if scope is None or not principal.has(scope):
         raise Forbidden(f"the token lacks the scope {scope!r}")
-    connection.state.principal = principal
+    return principal
 
 
 def principal_of(request: Request[Any, Any, Any]) -> Principal:
@@ -67,12 +88,29 @@ def principal_of(request: Request[Any, Any, Any]) -> Principal:
 
 async def stream_for(request: Request[Any, Any, Any], access: Access) -> StreamRef:
     """The stream named by the path, if this principal may use it as ``access``."""
-    principal = principal_of(request)
-    run_id = request.path_params["run_id"]
-    stream_id = request.path_params["stream_id"]
+    return await resolve_stream(
+        request.app.state.store,
+        principal_of(request),
+        request.path_params["run_id"],
+        request.path_params["stream_id"],
+        access,
+        request.method,
+    )
+
+
+async def resolve_stream(
+    store: Store,
+    principal: Principal,
+    run_id: str,
+    stream_id: str,
+    access: Access,
+    method: str,
+) -> StreamRef:
+    """The stream ``run_id``/``stream_id`` of the principal's tenant, if the principal may
+    use it as ``access``: NotFound for an unknown one, Forbidden outside its lists."""
     if not STREAM_ID_RE.match(stream_id):
         raise NotFound(f"stream {stream_id!r} does not exist")
-    ref = await request.app.state.store.get_stream(StreamKey(principal.tenant, run_id, stream_id))
+    ref = await store.get_stream(StreamKey(principal.tenant, run_id, stream_id))
     definition = ref.definition
     if access == "read" and not definition.may_read(principal.sub):
         raise Forbidden("the principal is not among the stream's readers")
@@ -87,22 +125,29 @@ async def stream_for(request: Request[Any, Any, Any], access: Access) -> StreamR
                 ),
                 "access": access,
                 "sub": principal.sub,
-                "method": request.method,
+                "method": method,
             },
         )
     return ref
 
 
 def check_egress(request: Request[Any, Any, Any], ref: StreamRef) -> None:
-    """Payload paths only: the caller's region must be an allowed egress region.
+    """Payload paths only: the caller's region must be an allowed egress region."""
+    egress_check(principal_of(request), request.app.state.settings.region, ref)
 
-    A token without a ``region`` claim is taken to be in this deployment's region.
-    """
-    principal = principal_of(request)
-    region = principal.region or request.app.state.settings.region
+
+def egress_check(principal: Principal, home_region: str, ref: StreamRef) -> None:
+    """EgressDenied unless the principal's region may receive the stream's data.
+
+    A token without a ``region`` claim is taken to be in this deployment's region
+    (``home_region``)."""
+    region = principal.region or home_region
     if not ref.definition.allows_egress(region):
         raise EgressDenied(f"region {region!r} may not receive this stream's data")
 
 
-def may_see_unredacted(request: Request[Any, Any, Any]) -> bool:
-    return principal_of(request).has("streams:read_unredacted")
+def redaction_for(principal: Principal, ref: StreamRef) -> list[str]:
+    """The JSON pointers to redact from this principal's view of the stream's payloads."""
+    if principal.has("streams:read_unredacted"):
+        return []
+    return list(ref.definition.redaction.json_pointers)

@@ -24,11 +24,11 @@ from ductor_streams.http import (
 from ductor_streams.http.access import authorize
 from ductor_streams.http.openapi import ContractJsonRenderPlugin
 from ductor_streams.http.problems import handle_exception
+from ductor_streams.http.records_front import answer_records, is_records_request
+from ductor_streams.http.routes_streams import API_MOUNT
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.store import Store
 from ductor_streams.store.db import create_pool
-
-API_MOUNT = "/api/workflow-streams"
 
 # Each edge module contributes its route handlers here; all of them are guarded.
 API_ROUTES: list[Any] = [
@@ -70,7 +70,7 @@ def create_app(
             await pool.close()
 
     api = Router(path=API_MOUNT, route_handlers=API_ROUTES, guards=[authorize])
-    return Litestar(
+    return StreamsApp(
         route_handlers=[
             api,
             *health.ROUTES,
@@ -95,6 +95,17 @@ def create_app(
         # would replace the root handler with its plain-text one.
         logging_config=None,
     )
+
+
+class StreamsApp(Litestar):
+    """The Litestar app with the records front (http/records_front.py) before it: appends
+    and reads of records are answered there, everything else by Litestar."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] == "http" and is_records_request(scope):
+            await answer_records(self.state, scope, receive, send)
+            return
+        await super().__call__(scope, receive, send)
 
 
 def _state(settings: Settings) -> Any:

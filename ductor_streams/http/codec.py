@@ -16,7 +16,11 @@ _encoder = msgspec.json.Encoder()
 
 async def json_body(request: Request[Any, Any, Any], model: type[Any] = Any) -> Any:  # type: ignore[assignment]
     """Decode the body as JSON (optionally into a msgspec Struct), or InvalidBody."""
-    raw = await request.body()
+    return decode_json(await request.body(), model)
+
+
+def decode_json(raw: bytes, model: type[Any] = Any) -> Any:  # type: ignore[assignment]
+    """``raw`` as JSON (optionally into a msgspec Struct), or InvalidBody."""
     try:
         return msgspec.json.decode(raw, type=model)
     except msgspec.ValidationError as exc:
@@ -26,6 +30,10 @@ async def json_body(request: Request[Any, Any, Any], model: type[Any] = Any) -> 
     except RecursionError:
         # msgspec decodes untyped JSON recursively: absurd nesting is bad input, not a 500.
         raise InvalidBody("the body is nested too deeply") from None
+
+
+def encode_json(content: Any) -> bytes:
+    return _encoder.encode(content)
 
 
 def json_response(

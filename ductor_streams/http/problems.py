@@ -23,7 +23,10 @@ log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
 
 
-def problem_response(error: StreamsError, instance: str | None = None) -> Response[bytes]:
+def problem_parts(
+    error: StreamsError, instance: str | None = None
+) -> tuple[int, bytes, dict[str, str]]:
+    """Status, ``application/problem+json`` body and extra headers for ``error``."""
     body: dict[str, Any] = {
         "type": f"https://ductor.dev/problems/{error.code}",
         "title": error.title(),
@@ -37,12 +40,12 @@ def problem_response(error: StreamsError, instance: str | None = None) -> Respon
     headers = {}
     if isinstance(error, CreditExhausted):
         headers["Retry-After"] = str(error.retry_after)
-    return Response(
-        content=msgspec.json.encode(body),
-        status_code=error.status,
-        media_type=PROBLEM_JSON,
-        headers=headers,
-    )
+    return error.status, msgspec.json.encode(body), headers
+
+
+def problem_response(error: StreamsError, instance: str | None = None) -> Response[bytes]:
+    status, content, headers = problem_parts(error, instance)
+    return Response(content=content, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
 def _from_http_exception(exc: HTTPException) -> StreamsError:
@@ -60,8 +63,9 @@ def _from_http_exception(exc: HTTPException) -> StreamsError:
     return generic
 
 
-def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    """Litestar exception handler for every exception type."""
+def error_for(exc: Exception, route: str | None) -> StreamsError:
+    """The problem an exception is answered with; an unexpected one is logged (its type
+    and the route only, never the payload or the token) and becomes a 500."""
     if isinstance(exc, StreamsError):
         error = exc
     elif isinstance(exc, HTTPException):
@@ -71,11 +75,16 @@ def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Respons
         # did not translate it itself: still a 4xx, never a 500.
         error = translated
     else:
-        # Never the payload or the token: only the type and the route.
         log.error(
             "unhandled error",
             exc_info=exc,
-            extra={"route": request.scope.get("path"), "error_type": type(exc).__name__},
+            extra={"route": route, "error_type": type(exc).__name__},
         )
         error = StreamsError("internal error")
-    return problem_response(error, request.scope.get("path"))
+    return error
+
+
+def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """Litestar exception handler for every exception type."""
+    path = request.scope.get("path")
+    return problem_response(error_for(exc, path), path)

@@ -23,7 +23,7 @@ from litestar import Request, Response, get, post
 
 from ductor_streams import ops
 from ductor_streams.errors import EgressDenied, InvalidFilter, NotFound
-from ductor_streams.http.access import check_egress, may_see_unredacted, principal_of
+from ductor_streams.http.access import check_egress, principal_of, redaction_for
 from ductor_streams.http.codec import json_body, json_response
 from ductor_streams.ops import filters
 from ductor_streams.redaction import redact_json_text
@@ -117,7 +117,7 @@ async def _visible_payload(
         check_egress(request, ref)
     except EgressDenied:
         return None, "the caller's region may not receive this stream's data"
-    redaction = [] if may_see_unredacted(request) else ref.definition.redaction.json_pointers
+    redaction = redaction_for(principal_of(request), ref)
     return redact_json_text(detail.payload, redaction), None
 
 

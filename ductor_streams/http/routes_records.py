@@ -1,17 +1,25 @@
-"""Append and read records."""
+"""Append and read records.
+
+Each route is a Litestar handler (the route table, guard and OpenAPI see it) over a core
+function that takes plain values and returns an ``Answer``. The hot-path front
+(``http/records_front.py``) calls the same core functions without Litestar's per-request
+machinery, so both ways in answer alike.
+"""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
 from litestar import Request, Response, get, post
 
-from ductor_streams.http.access import check_egress, may_see_unredacted, stream_for
-from ductor_streams.http.codec import json_body, json_response, page_json
+from ductor_streams.auth import Principal
+from ductor_streams.http.access import egress_check, principal_of, redaction_for, resolve_stream
+from ductor_streams.http.codec import decode_json, encode_json, page_json
 from ductor_streams.http.params import parse_cursor, parse_limit
 from ductor_streams.http.routes_streams import STREAM
-from ductor_streams.store import encode_batch
+from ductor_streams.store import Store, encode_batch
 
 # 1,000 records of 64 KiB, with room for JSON escapes in the request's own encoding.
 MAX_APPEND_BODY = 80 * 1024 * 1024
@@ -25,6 +33,62 @@ class AppendBody(msgspec.Struct, forbid_unknown_fields=True):
     records: list[AppendRecord]
 
 
+@dataclass(frozen=True)
+class Answer:
+    """A JSON response: status, encoded body and extra headers."""
+
+    status: int
+    body: bytes
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def to_response(self) -> Response[bytes]:
+        return Response(
+            content=self.body,
+            status_code=self.status,
+            media_type="application/json",
+            headers=self.headers or None,
+        )
+
+
+async def append_answer(
+    store: Store,
+    principal: Principal,
+    run_id: str,
+    stream_id: str,
+    raw_body: bytes,
+    idempotency_key: str | None,
+) -> Answer:
+    """Append the body's records (already authenticated with ``streams:write``)."""
+    body: AppendBody = decode_json(raw_body, AppendBody)
+    batch = encode_batch([r.payload for r in body.records], idempotency_key=idempotency_key)
+    ref = await resolve_stream(store, principal, run_id, stream_id, "write", "POST")
+    result = await store.append(ref, batch)
+    answer = encode_json(
+        {"first_sequence": result.first_sequence, "last_sequence": result.last_sequence}
+    )
+    if result.replayed:
+        return Answer(200, answer, {"Idempotent-Replayed": "true"})
+    return Answer(201, answer)
+
+
+async def read_answer(
+    store: Store,
+    principal: Principal,
+    home_region: str,
+    run_id: str,
+    stream_id: str,
+    cursor: str | None,
+    limit: str | None,
+) -> Answer:
+    """A page of records after ``cursor`` (already authenticated with ``streams:read``)."""
+    after = parse_cursor(cursor)
+    count = parse_limit(limit)
+    ref = await resolve_stream(store, principal, run_id, stream_id, "read", "GET")
+    egress_check(principal, home_region, ref)
+    page = await store.read(ref, after, count)
+    return Answer(200, encode_json(page_json(page, redaction_for(principal, ref))))
+
+
 @post(
     STREAM + "/records",
     opt={"scope": "streams:write"},
@@ -33,29 +97,30 @@ class AppendBody(msgspec.Struct, forbid_unknown_fields=True):
 )
 async def append_records(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Append 1 to 1,000 records atomically; ``Idempotency-Key`` makes retries safe."""
-    body: AppendBody = await json_body(request, AppendBody)
-    batch = encode_batch(
-        [r.payload for r in body.records],
-        idempotency_key=request.headers.get("idempotency-key"),
+    answer = await append_answer(
+        request.app.state.store,
+        principal_of(request),
+        request.path_params["run_id"],
+        request.path_params["stream_id"],
+        await request.body(),
+        request.headers.get("idempotency-key"),
     )
-    ref = await stream_for(request, "write")
-    result = await request.app.state.store.append(ref, batch)
-    answer = {"first_sequence": result.first_sequence, "last_sequence": result.last_sequence}
-    if result.replayed:
-        return json_response(answer, 200, headers={"Idempotent-Replayed": "true"})
-    return json_response(answer, 201)
+    return answer.to_response()
 
 
 @get(STREAM + "/records", opt={"scope": "streams:read"})
 async def read_records(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Records with ``sequence > cursor``, ascending, at most ``limit``."""
-    cursor = parse_cursor(request.query_params.get("cursor"))
-    limit = parse_limit(request.query_params.get("limit"))
-    ref = await stream_for(request, "read")
-    check_egress(request, ref)
-    page = await request.app.state.store.read(ref, cursor, limit)
-    redaction = [] if may_see_unredacted(request) else ref.definition.redaction.json_pointers
-    return json_response(page_json(page, redaction))
+    answer = await read_answer(
+        request.app.state.store,
+        principal_of(request),
+        request.app.state.settings.region,
+        request.path_params["run_id"],
+        request.path_params["stream_id"],
+        request.query_params.get("cursor"),
+        request.query_params.get("limit"),
+    )
+    return answer.to_response()
 
 
 ROUTES = [append_records, read_records]

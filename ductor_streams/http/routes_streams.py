@@ -12,6 +12,8 @@ from ductor_streams.http.access import principal_of, stream_for
 from ductor_streams.http.codec import json_body, json_response
 from ductor_streams.store import StreamKey
 
+# The API's mount point; route paths below are relative to it.
+API_MOUNT = "/api/workflow-streams"
 RUN = "/runs/{run_id:str}"
 STREAM = RUN + "/streams/{stream_id:str}"
 

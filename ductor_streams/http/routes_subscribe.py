@@ -17,7 +17,7 @@ from litestar import Litestar, Request, get
 
 from ductor_streams import metrics
 from ductor_streams.errors import InvalidCursor
-from ductor_streams.http.access import check_egress, may_see_unredacted, stream_for
+from ductor_streams.http.access import check_egress, principal_of, redaction_for, stream_for
 from ductor_streams.http.codec import encode_record
 from ductor_streams.http.params import parse_cursor
 from ductor_streams.http.problems import problem_response
@@ -57,7 +57,7 @@ async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
     cursor = subscribe_cursor(request)
     ref = await stream_for(request, "read")
     check_egress(request, ref)
-    redaction = [] if may_see_unredacted(request) else list(ref.definition.redaction.json_pointers)
+    redaction = redaction_for(principal_of(request), ref)
     followers = followers_of(request.app)
     subscription = await followers.subscribe(ref.stream_pk, cursor)
     writer = DirectWriter(partial(_record_frames, redaction=redaction, memo_key=tuple(redaction)))

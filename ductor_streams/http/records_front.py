@@ -1,0 +1,139 @@
+"""The hot path's way in: append and read records without Litestar's per-request work.
+
+Appends and reads carry nearly all of the service's requests. py-spy put about two
+thirds of the server's CPU per append in the framework's layers (routing, handler
+signature and parameter resolution, guard layering, response objects), far more than
+the append itself (bench/README.md). So ``StreamsApp`` (http/app.py) answers exactly
+these two routes here, with the same guard function (``access.authenticate``), the same
+core functions (``routes_records.append_answer`` / ``read_answer``) and the same problem
+mapping (``problems.error_for``), and hands every other request to Litestar untouched.
+The Litestar handlers stay the routes' definition (route table, OpenAPI, auth matrix)
+and answer the same way; tests/speed/test_records_front.py sends the same requests
+both ways and compares the answers.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ductor_streams.errors import InvalidBody, RequestTooLarge
+from ductor_streams.http.access import authenticate
+from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
+from ductor_streams.http.routes_records import MAX_APPEND_BODY, append_answer, read_answer
+from ductor_streams.http.routes_streams import API_MOUNT
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+# Litestar matches a ``{name:str}`` parameter to one non-empty path segment; anything
+# else (a trailing slash, another method) is left to Litestar.
+RECORDS_PATH = re.compile(re.escape(API_MOUNT) + r"/runs/([^/]+)/streams/([^/]+)/records")
+_JSON = b"application/json"
+
+
+class ClientGone(Exception):
+    """The client disconnected before its request body arrived: nobody to answer."""
+
+
+def is_records_request(scope: Scope) -> bool:
+    """Whether this front answers the request (an append or a read of records)."""
+    return scope["method"] in ("POST", "GET") and RECORDS_PATH.fullmatch(scope["path"]) is not None
+
+
+async def answer_records(state: Any, scope: Scope, receive: Receive, send: Send) -> None:
+    """Answer an append (POST) or read (GET) of records; ``state`` is the app's state."""
+    path: str = scope["path"]
+    match = RECORDS_PATH.fullmatch(path)
+    assert match is not None
+    run_id, stream_id = match.group(1), match.group(2)
+    headers: list[tuple[bytes, bytes]] = scope["headers"]
+    try:
+        settings = state.settings
+        if scope["method"] == "POST":
+            principal = authenticate(
+                headers, run_id, "streams:write", settings.require_jwt_secret()
+            )
+            answer = await append_answer(
+                state.store,
+                principal,
+                run_id,
+                stream_id,
+                await _read_body(headers, receive, MAX_APPEND_BODY),
+                _first_header(headers, b"idempotency-key"),
+            )
+        else:
+            principal = authenticate(headers, run_id, "streams:read", settings.require_jwt_secret())
+            query = _first_values(scope.get("query_string", b""))
+            answer = await read_answer(
+                state.store,
+                principal,
+                settings.region,
+                run_id,
+                stream_id,
+                query.get("cursor"),
+                query.get("limit"),
+            )
+    except ClientGone:
+        return
+    except Exception as exc:  # one mapping for every error, as Litestar's handler does
+        status, body, extra = problem_parts(error_for(exc, path), path)
+        await _respond(send, status, PROBLEM_JSON.encode(), body, extra)
+        return
+    await _respond(send, answer.status, _JSON, answer.body, answer.headers)
+
+
+async def _respond(
+    send: Send, status: int, media_type: bytes, body: bytes, extra: dict[str, str]
+) -> None:
+    response_headers = [
+        (b"content-type", media_type),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    response_headers.extend((k.lower().encode(), v.encode("latin-1")) for k, v in extra.items())
+    await send({"type": "http.response.start", "status": status, "headers": response_headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit: int) -> bytes:
+    """The whole request body, refused past ``limit`` bytes (as Litestar's Request.body)."""
+    announced = _first_header(headers, b"content-length")
+    if announced is not None:
+        try:
+            length = int(announced)
+        except ValueError:
+            raise InvalidBody(f"Invalid content-length: {announced!r}") from None
+        if length > limit:
+            raise RequestTooLarge()
+    chunks: list[bytes] = []
+    total = 0
+    while True:
+        event = await receive()
+        if event["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk: bytes = event.get("body", b"")
+        if chunk:
+            total += len(chunk)
+            if total > limit:
+                raise RequestTooLarge()
+            chunks.append(chunk)
+        if not event.get("more_body", False):
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _first_header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:
+    for key, value in headers:
+        if key.lower() == name:
+            return value.decode("latin-1")
+    return None
+
+
+def _first_values(query_string: bytes) -> dict[str, str]:
+    """Each query parameter's first value (Litestar's ``query_params.get``)."""
+    values: dict[str, str] = {}
+    for key, value in parse_qsl(query_string.decode("latin-1"), keep_blank_values=True):
+        values.setdefault(key, value)
+    return values
