@@ -1,4 +1,4 @@
-"""The append path: group commit per stream, one database round trip per group.
+"""The append path: group commit per stream and across streams, one round trip each.
 
 Appends to the same stream that arrive while that stream's transaction is in flight
 queue up and go together in the next call of ``workflow_streams.append_requests``,
@@ -6,8 +6,17 @@ which decides each request exactly as if it were alone, in arrival order (its ow
 sequences, receipt, credit, quota and close check). One round trip under the row lock
 is the per-stream limit (DESIGN.md "Speed"), so sharing it multiplies throughput.
 
-The group's transaction carries no NOTIFY: once it has committed, the stream's wake is
-announced through ``WakeSender`` (store/wakes.py), coalesced with other streams' wakes.
+Across streams, every commit costs a WAL flush, which caps one-append-per-transaction
+traffic at the disk's flush rate however many streams there are. So at most
+``max_statements`` append statements of this process run at once; groups of other
+streams that become ready meanwhile go together in one transaction
+(``append_stream_groups``: each stream's group decided by ``append_requests`` as
+alone, rows locked in ascending stream order so that no two transactions deadlock).
+
+While other statements of this process are in flight, a statement carries no NOTIFY:
+once it has committed, its streams' wakes are announced through ``WakeSender``
+(store/wakes.py), coalesced. A statement alone in flight notifies inside its own
+transaction, at commit (one round trip, no wake statement).
 """
 
 from __future__ import annotations
@@ -38,12 +47,32 @@ MAX_GROUP_RECORDS = 5_000
 Outcome = tuple[str, int | None, int | None]
 
 
+# At most this many append statements of one process run at once (see the docstring).
+MAX_STATEMENTS = 1
+# A statement for several streams holds at most this many streams' groups.
+MAX_STREAMS_PER_STATEMENT = 64
+
+Item = tuple[EncodedBatch, "asyncio.Future[Outcome]"]
+
+
 @dataclass
 class _Lane:
     """The queue of one stream in this process."""
 
-    pending: deque[tuple[EncodedBatch, asyncio.Future[Outcome]]] = field(default_factory=deque)
-    draining: bool = False
+    pending: deque[Item] = field(default_factory=deque)
+    busy: bool = False  # a group of this stream is in flight
+
+    def take_group(self) -> list[Item]:
+        """The next group: queued requests in arrival order, up to MAX_GROUP_RECORDS."""
+        group: list[Item] = []
+        records = 0
+        while self.pending and (
+            not group or records + self.pending[0][0].count <= MAX_GROUP_RECORDS
+        ):
+            item = self.pending.popleft()
+            group.append(item)
+            records += item[0].count
+        return group
 
 
 def outcome_to_result(outcome: Outcome) -> AppendResult:
@@ -66,12 +95,23 @@ def outcome_to_result(outcome: Outcome) -> AppendResult:
 
 
 class Appender:
-    """Appends encoded batches to streams, grouping concurrent ones per stream."""
+    """Appends encoded batches to streams, grouping concurrent ones per stream and
+    combining ready groups of several streams into one transaction."""
 
-    def __init__(self, pool: asyncpg.Pool, wakes: WakeSender | None = None) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        wakes: WakeSender | None = None,
+        *,
+        max_statements: int = MAX_STATEMENTS,
+    ) -> None:
         self._pool = pool
         self._lanes: dict[int, _Lane] = {}
-        self._in_flight = 0  # group statements running now, all streams
+        self._ready: dict[int, None] = {}  # lanes with requests and no group in flight
+        self._in_flight = 0  # append statements running now
+        self._max_statements = max_statements
+        self.statements = 0  # append statements sent (tests and benchmarks read it)
+        self._tasks: set[asyncio.Task[None]] = set()
         self.wakes = wakes if wakes is not None else WakeSender(pool)
 
     async def append(self, stream_pk: int, batch: EncodedBatch) -> AppendResult:
@@ -84,78 +124,121 @@ class Appender:
             lane = self._lanes[stream_pk] = _Lane()
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         lane.pending.append((batch, future))
-        if not lane.draining:
-            lane.draining = True
-            asyncio.get_running_loop().create_task(self._drain(stream_pk, lane))
-        # A caller that goes away cancels only its own future: the group runs in the
-        # drain task and skips a future that is already done (no shield needed).
+        if not lane.busy:
+            self._ready[stream_pk] = None
+            self._dispatch()
+        # A caller that goes away cancels only its own future: the statement runs in
+        # its own task and skips a future that is already done (no shield needed).
         return await future
 
-    async def _drain(self, stream_pk: int, lane: _Lane) -> None:
-        try:
-            while lane.pending:
-                group: list[tuple[EncodedBatch, asyncio.Future[Outcome]]] = []
-                records = 0
-                while lane.pending and (
-                    not group or records + lane.pending[0][0].count <= MAX_GROUP_RECORDS
+    def _dispatch(self) -> None:
+        """Start statements for ready lanes while fewer than ``max_statements`` run."""
+        while self._ready and self._in_flight < self._max_statements:
+            groups: list[tuple[int, list[Item]]] = []
+            records = 0
+            for stream_pk in list(self._ready):
+                if groups and (
+                    len(groups) >= MAX_STREAMS_PER_STATEMENT or records >= MAX_GROUP_RECORDS
                 ):
-                    item = lane.pending.popleft()
-                    group.append(item)
-                    records += item[0].count
-                await self._run_group(stream_pk, group)
+                    break
+                del self._ready[stream_pk]
+                lane = self._lanes[stream_pk]
+                lane.busy = True
+                group = lane.take_group()
+                records += sum(batch.count for batch, _ in group)
+                groups.append((stream_pk, group))
+            # Alone in flight, a statement may carry its own NOTIFY: no other commit of
+            # this process waits behind the notify lock (one round trip per append with
+            # one client).
+            notify_inline = self._in_flight == 0
+            self._in_flight += 1
+            task = asyncio.get_running_loop().create_task(self._run(groups, notify_inline))
+            self._tasks.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._tasks.discard)
+
+    async def _run(self, groups: list[tuple[int, list[Item]]], notify_inline: bool) -> None:
+        try:
+            if len(groups) == 1:
+                await self._run_group(*groups[0], notify_inline=notify_inline)
+            else:
+                await self._run_groups(sorted(groups, key=lambda g: g[0]), notify_inline)
+        except Exception as exc:  # the connection failed: these requests get the error
+            for _, group in groups:
+                for _, future in group:
+                    _settle(future, exc)
         except BaseException as exc:
-            # Cancelled (shutdown): nobody will drain what is still queued; fail it
-            # rather than leave its callers waiting forever. Nothing of it was sent.
-            while lane.pending:
-                _settle(lane.pending.popleft()[1], exc)
+            # Cancelled (shutdown): fail what is queued too rather than leave its
+            # callers waiting forever; nothing of it was sent.
+            for stream_pk, group in groups:
+                for _, future in group:
+                    _settle(future, exc)
+                lane = self._lanes.pop(stream_pk, None)
+                self._ready.pop(stream_pk, None)
+                while lane is not None and lane.pending:
+                    _settle(lane.pending.popleft()[1], exc)
             raise
         finally:
-            lane.draining = False
-            if not lane.pending:
-                self._lanes.pop(stream_pk, None)
+            self._in_flight -= 1
+            for stream_pk, _ in groups:
+                lane = self._lanes.get(stream_pk)
+                if lane is None:
+                    continue
+                lane.busy = False
+                if lane.pending:
+                    self._ready[stream_pk] = None
+                else:
+                    del self._lanes[stream_pk]
+            self._dispatch()
 
-    async def _run_group(
-        self, stream_pk: int, group: list[tuple[EncodedBatch, asyncio.Future[Outcome]]]
-    ) -> None:
-        self._in_flight += 1
+    async def _run_groups(self, groups: list[tuple[int, list[Item]]], notify_inline: bool) -> None:
+        """Several streams' groups in one transaction, or each alone if that fails."""
         try:
-            outcomes = await self._call(stream_pk, [batch for batch, _ in group])
+            outcomes = await self._call_many(
+                [(stream_pk, [batch for batch, _ in group]) for stream_pk, group in groups],
+                notify_inline,
+            )
+        except asyncpg.PostgresError:
+            # One stream's bad data must not fail the others: each group alone.
+            for stream_pk, group in groups:
+                await self._run_group(stream_pk, group, notify_inline=False)
+            return
+        for (stream_pk, group), group_outcomes in zip(groups, outcomes, strict=True):
+            self._settle_group(stream_pk, group, group_outcomes, notify_inline)
+
+    async def _run_group(self, stream_pk: int, group: list[Item], *, notify_inline: bool) -> None:
+        """One stream's group in one transaction, or each request alone if that fails."""
+        try:
+            outcomes = await self._call(stream_pk, [batch for batch, _ in group], notify_inline)
         except asyncpg.PostgresError as exc:
             if len(group) == 1:
                 _settle(group[0][1], translate_db_error(exc))
                 return
             # One request's bad data must not fail the others: decide each alone.
             for item in group:
-                await self._run_group(stream_pk, [item])
+                await self._run_group(stream_pk, [item], notify_inline=False)
             return
-        except BaseException as exc:
-            for _, future in group:
-                _settle(future, exc)
-            if not isinstance(exc, Exception):
-                raise
-            return
-        finally:
-            self._in_flight -= 1
-        if any(outcome[0] == "appended" for outcome in outcomes):
-            # The statement returned, so the group's transaction has committed. When
-            # other groups are in flight or queued, its wake may share their statement.
-            lane = self._lanes.get(stream_pk)
-            more_coming = self._in_flight > 0 or (lane is not None and bool(lane.pending))
-            self.wakes.announce(f"r{stream_pk}", more_coming=more_coming)
+        self._settle_group(stream_pk, group, outcomes, notify_inline)
+
+    def _settle_group(
+        self, stream_pk: int, group: list[Item], outcomes: list[Outcome], notify_inline: bool
+    ) -> None:
+        if not notify_inline and any(outcome[0] == "appended" for outcome in outcomes):
+            # The statement returned, so its transaction has committed. When other
+            # statements are in flight or queued, this wake may share their wake's.
+            self.wakes.announce(
+                f"r{stream_pk}", more_coming=self._in_flight > 1 or bool(self._ready)
+            )
         for (_, future), outcome in zip(group, outcomes, strict=True):
             if not future.done():
                 future.set_result(outcome)
 
-    async def _call(self, stream_pk: int, batches: list[EncodedBatch]) -> list[Outcome]:
-        payloads: list[str] = []
-        sizes: list[int] = []
-        objects: list[str | None] = []
-        for batch in batches:
-            payloads.extend(batch.payloads)
-            sizes.extend(batch.sizes)
-            objects.extend(batch.objects)
+    async def _call(
+        self, stream_pk: int, batches: list[EncodedBatch], notify_inline: bool = False
+    ) -> list[Outcome]:
+        payloads, sizes, objects = _records(batches)
+        self.statements += 1
         rows = await self._pool.fetch(
-            QUERIES["records_append_group"],
+            QUERIES["records_append" if notify_inline else "records_append_group"],
             stream_pk,
             [b.count for b in batches],
             [b.idempotency_key for b in batches],
@@ -165,6 +248,44 @@ class Appender:
             objects,
         )
         return [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
+
+    async def _call_many(
+        self, groups: list[tuple[int, list[EncodedBatch]]], notify_inline: bool
+    ) -> list[list[Outcome]]:
+        batches = [batch for _, group in groups for batch in group]
+        payloads, sizes, objects = _records(batches)
+        self.statements += 1
+        rows = await self._pool.fetch(
+            QUERIES["records_append_stream_groups"],
+            [stream_pk for stream_pk, _ in groups],
+            [len(group) for _, group in groups],
+            [sum(b.count for b in group) for _, group in groups],
+            [b.count for b in batches],
+            [b.idempotency_key for b in batches],
+            [b.request_hash for b in batches],
+            payloads,
+            sizes,
+            objects,
+            notify_inline,
+        )
+        outcomes: list[list[Outcome]] = [[] for _ in groups]
+        for r in rows:
+            outcomes[r["group_index"] - 1].append(
+                (r["outcome"], r["first_sequence"], r["last_sequence"])
+            )
+        return outcomes
+
+
+def _records(batches: list[EncodedBatch]) -> tuple[list[str], list[int], list[str | None]]:
+    """The batches' records as the append functions' per-record arrays."""
+    payloads: list[str] = []
+    sizes: list[int] = []
+    objects: list[str | None] = []
+    for batch in batches:
+        payloads.extend(batch.payloads)
+        sizes.extend(batch.sizes)
+        objects.extend(batch.objects)
+    return payloads, sizes, objects
 
 
 def _settle(future: asyncio.Future[Outcome], exc: BaseException) -> None:

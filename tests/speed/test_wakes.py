@@ -12,6 +12,7 @@ import pytest
 
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store
+from ductor_streams.store.append import Appender
 from ductor_streams.store.wakes import WakeSender
 from tests.support.credit import append, make_stream
 
@@ -157,3 +158,33 @@ async def test_wake_send_commits_without_waiting_for_a_wal_flush(pool: asyncpg.P
             ["x"],
         )
         assert value == 1
+
+
+async def test_a_lone_append_notifies_in_its_own_transaction(
+    pool: asyncpg.Pool, listener: Listener
+) -> None:
+    store = Store(pool)  # its own appender: nothing else of it in flight
+    ref = await make_stream(store)
+    for n in range(1, 4):
+        await append(store, ref, [n])
+        await listener.wait_for(f"r{ref.stream_pk}")
+        assert listener.visible_at_wake[-1] == (ref.stream_pk, n)
+        listener.payloads.clear()
+    # Each wake came with its commit: no wake statement of its own.
+    assert store.wakes.statements == 0
+
+
+async def test_concurrent_groups_announce_after_commit_instead(
+    pool: asyncpg.Pool, listener: Listener
+) -> None:
+    store = Store(pool)
+    # Several statements at once: all but the first start with another in flight.
+    store.appender = Appender(pool, store.wakes, max_statements=6)
+    refs = [await make_stream(store) for _ in range(6)]
+    await asyncio.gather(*(append(store, ref, [i]) for ref in refs for i in range(3)))
+    await store.wakes.drain()
+    for ref in refs:
+        await listener.wait_for(f"r{ref.stream_pk}")
+        seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
+        assert seen and max(seen) == 3  # the last commit's wake, never before it
+    assert 1 <= store.wakes.statements < 6 * 3

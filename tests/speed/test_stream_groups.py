@@ -1,0 +1,173 @@
+"""Groups of several streams in one transaction (store/append.py, migration 0009).
+
+With a bound on the append statements in flight, groups of other streams that become
+ready meanwhile go together in one transaction; each stream's requests must still get
+exactly the answers they would get alone, and one stream's failure must not touch the
+others."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import asyncpg
+
+from ductor_streams.store import EncodedBatch, Store, encode_batch
+from ductor_streams.store.append import Appender
+from tests.speed.mixed import workload
+from tests.speed.test_group_commit import (
+    answer_of,
+    fresh_model,
+    mixed_stream,
+    stored_log,
+)
+from tests.support.credit import make_stream
+from tests.support.live import eventually
+
+
+def combining_store(pool: asyncpg.Pool, max_statements: int = 1) -> Store:
+    """A Store whose appender runs at most ``max_statements`` statements at once."""
+    store = Store(pool)
+    store.appender = Appender(pool, store.wakes, max_statements=max_statements)
+    return store
+
+
+class ManyCalls:
+    """Counts the several-stream statements of an appender and what they raised."""
+
+    def __init__(self, appender: Appender) -> None:
+        self.calls = 0
+        self.streams: list[int] = []
+        self.errors: list[BaseException] = []
+        inner = appender._call_many
+
+        async def spy(groups: Any, notify_inline: bool) -> Any:
+            self.calls += 1
+            self.streams.append(len(groups))
+            try:
+                return await inner(groups, notify_inline)
+            except BaseException as exc:
+                self.errors.append(exc)
+                raise
+
+        appender._call_many = spy  # type: ignore[method-assign]
+
+
+async def test_ready_groups_of_many_streams_share_one_transaction(pool: asyncpg.Pool) -> None:
+    store = combining_store(pool)
+    refs = [await make_stream(store) for _ in range(12)]
+    many = ManyCalls(store.appender)
+    results = await asyncio.gather(
+        *(
+            store.append(ref, encode_batch([f"{ref.stream_pk}-{i}"]))
+            for i in range(5)
+            for ref in refs
+        )
+    )
+    for n, ref in enumerate(refs):
+        mine = results[n :: len(refs)]
+        # Each stream's requests in arrival order, 1..5, as if the stream were alone.
+        assert [(r.first_sequence, r.last_sequence) for r in mine] == [(i, i) for i in range(1, 6)]
+        stored = await stored_log(pool, ref)
+        assert stored == {i + 1: f'"{ref.stream_pk}-{i}"' for i in range(5)}
+    # 60 requests: the first statement went alone, the rest were combined.
+    assert store.appender.statements <= 10, store.appender.statements
+    assert many.calls >= 1 and max(many.streams) >= 6
+    assert many.errors == []
+
+
+async def test_each_stream_of_a_combined_transaction_answers_as_if_alone(
+    pool: asyncpg.Pool,
+) -> None:
+    store = combining_store(pool)
+    refs = [await mixed_stream(store) for _ in range(4)]
+    many = ManyCalls(store.appender)
+    loads = {ref.stream_pk: workload(f"g{n}") for n, ref in enumerate(refs)}
+    expected = {}
+    for ref in refs:
+        model = fresh_model()
+        expected[ref.stream_pk] = [model.decide(r) for r in loads[ref.stream_pk]]
+    # Interleaved across the streams; each stream's own requests keep their order.
+    calls = [(ref, r) for i in range(80) for ref in refs for r in [loads[ref.stream_pk][i]]]
+    answers = await asyncio.gather(*(answer_of(store, ref, r) for ref, r in calls))
+    for ref in refs:
+        mine = [a for (owner, _), a in zip(calls, answers, strict=True) if owner is ref]
+        assert mine == expected[ref.stream_pk]
+        stored = await stored_log(pool, ref)
+        assert sorted(stored) == list(range(1, max(stored) + 1))
+    assert many.calls >= 1 and max(many.streams) == len(refs)
+
+
+async def test_one_streams_bad_group_does_not_fail_the_other_streams(
+    pool: asyncpg.Pool,
+) -> None:
+    store = combining_store(pool)
+    refs = [await make_stream(store) for _ in range(4)]
+    many = ManyCalls(store.appender)
+    blocker = await make_stream(store)
+    # Not producible over HTTP: an object column Postgres refuses, to force a DB error.
+    bad = EncodedBatch(["{}"], [2], ["{not json"], None, "bad")
+    first = asyncio.ensure_future(store.append(blocker, encode_batch(["first"])))
+    await asyncio.sleep(0)  # the blocker's statement is in flight: the rest queue up
+    batches: list[tuple[Any, EncodedBatch]] = [
+        (ref, encode_batch([f"ok-{n}"])) for n, ref in enumerate(refs)
+    ]
+    batches.insert(2, (refs[1], bad))
+    results = await asyncio.gather(
+        *(store.append(ref, b) for ref, b in batches), return_exceptions=True
+    )
+    await first
+    assert isinstance(results[2], asyncpg.PostgresError)
+    good = [r for i, r in enumerate(results) if i != 2]
+    assert [(r.first_sequence, r.last_sequence) for r in good] == [(1, 1)] * 4  # type: ignore[union-attr]
+    # The combined statement failed as a whole, then each group went alone.
+    assert len(many.errors) == 1 and isinstance(many.errors[0], asyncpg.PostgresError)
+    for n, ref in enumerate(refs):
+        assert await stored_log(pool, ref) == {1: f'"ok-{n}"'}
+
+
+async def test_two_processes_combining_the_same_streams_never_deadlock(
+    pool: asyncpg.Pool,
+) -> None:
+    stores = [combining_store(pool), combining_store(pool)]
+    refs = [await make_stream(stores[0]) for _ in range(16)]
+    gate = await make_stream(stores[0])
+    spies = [ManyCalls(s.appender) for s in stores]
+    for round_ in range(3):
+        async with pool.acquire() as conn, conn.transaction():
+            # Hold the gate stream's row: each store's one statement waits on it while
+            # the 16 streams queue up behind, in opposite orders in the two stores.
+            await conn.execute(
+                "SELECT 1 FROM workflow_streams.streams WHERE stream_pk = $1 FOR UPDATE",
+                gate.stream_pk,
+            )
+            gated = [asyncio.ensure_future(s.append(gate, encode_batch(["gate"]))) for s in stores]
+            await eventually(lambda: all(s.appender._in_flight == 1 for s in stores), timeout=5)
+            writes = [
+                asyncio.ensure_future(stores[k].append(ref, encode_batch([f"{k}-{round_}"])))
+                for k, order in ((0, refs), (1, refs[::-1]))
+                for ref in order
+            ]
+            await eventually(lambda: all(len(s.appender._ready) == 16 for s in stores), timeout=5)
+        # Released: both stores now send one 16-stream statement at about the same time.
+        await asyncio.gather(*gated, *writes)
+    # Rows are locked in ascending stream order, whatever the arrival order: without
+    # it, the two statements would deadlock and fall back.
+    assert [e for s in spies for e in s.errors] == []
+    assert sorted(n for s in spies for n in s.streams) == [16] * 6
+    for ref in refs:
+        stored = await stored_log(pool, ref)
+        assert sorted(stored) == list(range(1, 7))
+
+
+async def test_requests_keep_arriving_while_statements_are_bounded(pool: asyncpg.Pool) -> None:
+    # Two statements at most: 200 requests over 20 streams all get answers, in order.
+    store = combining_store(pool, max_statements=2)
+    refs = [await make_stream(store) for _ in range(20)]
+    results = await asyncio.gather(
+        *(store.append(ref, encode_batch([i])) for i in range(10) for ref in refs)
+    )
+    for n in range(len(refs)):
+        mine = results[n :: len(refs)]
+        assert [r.first_sequence for r in mine] == list(range(1, 11))
+    assert store.appender.statements < 200
