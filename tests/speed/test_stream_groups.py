@@ -171,3 +171,35 @@ async def test_requests_keep_arriving_while_statements_are_bounded(pool: asyncpg
         mine = results[n :: len(refs)]
         assert [r.first_sequence for r in mine] == list(range(1, 11))
     assert store.appender.statements < 200
+
+
+async def test_small_appends_wait_to_share_the_next_commit_large_ones_do_not(
+    pool: asyncpg.Pool,
+) -> None:
+    store = combining_store(pool, max_statements=4)
+    appender = store.appender
+    gate = await make_stream(store)
+    small = [await make_stream(store) for _ in range(10)]
+    large = [await make_stream(store) for _ in range(2)]
+    async with pool.acquire() as conn, conn.transaction():
+        await conn.execute(
+            "SELECT 1 FROM workflow_streams.streams WHERE stream_pk = $1 FOR UPDATE",
+            gate.stream_pk,
+        )
+        gated = asyncio.ensure_future(store.append(gate, encode_batch(["gate"])))
+        await eventually(lambda: appender._in_flight == 1, timeout=5)
+        # Ten one-record appends: not worth a statement of their own beside the gate's.
+        smalls = [asyncio.ensure_future(store.append(r, encode_batch(["s"]))) for r in small]
+        await eventually(lambda: len(appender._ready) == 10, timeout=5)
+        assert appender._in_flight == 1
+        # A 100-record batch is: it starts at once (and takes the small ones with it).
+        larges = [
+            asyncio.ensure_future(store.append(r, encode_batch(list(range(100))))) for r in large
+        ]
+        done, _ = await asyncio.wait([*smalls, *larges], timeout=5)
+        assert set(done) == {*smalls, *larges}
+        assert appender._in_flight == 1  # only the gate's statement still waits
+        assert appender.statements == 3  # gate; smalls + first large; second large
+    await gated
+    assert [(r.result().first_sequence, r.result().last_sequence) for r in larges] == [(1, 100)] * 2
+    assert [r.result().first_sequence for r in smalls] == [1] * 10

@@ -12,7 +12,7 @@ import pytest
 
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store
-from ductor_streams.store.append import Appender
+from ductor_streams.store.append import PARALLEL_RECORDS, Appender
 from ductor_streams.store.wakes import WakeSender
 from tests.support.credit import append, make_stream
 
@@ -178,13 +178,15 @@ async def test_concurrent_groups_announce_after_commit_instead(
     pool: asyncpg.Pool, listener: Listener
 ) -> None:
     store = Store(pool)
-    # Several statements at once: all but the first start with another in flight.
+    # Several statements at once (batches large enough to run beside each other): all
+    # but the first start with another in flight.
     store.appender = Appender(pool, store.wakes, max_statements=6)
-    refs = [await make_stream(store) for _ in range(6)]
-    await asyncio.gather(*(append(store, ref, [i]) for ref in refs for i in range(3)))
+    refs = [await make_stream(store, max_unread_items=None) for _ in range(6)]
+    batch = list(range(PARALLEL_RECORDS))
+    await asyncio.gather(*(append(store, ref, batch) for ref in refs for _ in range(3)))
     await store.wakes.drain()
     for ref in refs:
         await listener.wait_for(f"r{ref.stream_pk}")
         seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
-        assert seen and max(seen) == 3  # the last commit's wake, never before it
+        assert seen and max(seen) == 3 * PARALLEL_RECORDS  # the last commit's wake
     assert 1 <= store.wakes.statements < 6 * 3
