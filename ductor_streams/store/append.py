@@ -219,7 +219,9 @@ class Appender:
                 [(stream_pk, [batch for batch, _ in group]) for stream_pk, group in groups],
                 notify_inline,
             )
-        except asyncpg.PostgresError:
+        except asyncpg.PostgresError as exc:
+            if _outcome_unknown(exc):
+                raise  # _run answers every request of the statement with the error
             # One stream's bad data must not fail the others: each group alone.
             for stream_pk, group in groups:
                 await self._run_group(stream_pk, group, notify_inline=False)
@@ -232,8 +234,9 @@ class Appender:
         try:
             outcomes = await self._call(stream_pk, [batch for batch, _ in group], notify_inline)
         except asyncpg.PostgresError as exc:
-            if len(group) == 1:
-                _settle(group[0][1], translate_db_error(exc))
+            if len(group) == 1 or _outcome_unknown(exc):
+                for _, future in group:
+                    _settle(future, translate_db_error(exc))
                 return
             # One request's bad data must not fail the others: decide each alone.
             for item in group:
@@ -296,6 +299,14 @@ class Appender:
                 (r["outcome"], r["first_sequence"], r["last_sequence"])
             )
         return outcomes
+
+
+def _outcome_unknown(exc: asyncpg.PostgresError) -> bool:
+    """Whether the statement may have committed: the connection failed before its answer.
+
+    Then nothing may be retried (it could append twice); its requests get the error. Any
+    other error was Postgres refusing the statement, whose transaction did not commit."""
+    return isinstance(exc, asyncpg.exceptions.PostgresConnectionError)
 
 
 def _records(batches: list[EncodedBatch]) -> tuple[list[str], list[int], list[str | None]]:

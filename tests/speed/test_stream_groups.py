@@ -203,3 +203,58 @@ async def test_small_appends_wait_to_share_the_next_commit_large_ones_do_not(
     await gated
     assert [(r.result().first_sequence, r.result().last_sequence) for r in larges] == [(1, 100)] * 2
     assert [r.result().first_sequence for r in smalls] == [1] * 10
+
+
+async def test_a_lost_connection_fails_only_the_groups_of_its_statement(
+    pool: asyncpg.Pool,
+) -> None:
+    store = combining_store(pool)
+    appender = store.appender
+    refs = [await make_stream(store) for _ in range(3)]
+    inner = appender._call_many
+    failures = [asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed")]
+
+    async def flaky(groups: Any, notify_inline: bool) -> Any:
+        if failures:
+            raise failures.pop()
+        return await inner(groups, notify_inline)
+
+    appender._call_many = flaky  # type: ignore[method-assign]
+    gate = await make_stream(store)
+    first = asyncio.ensure_future(store.append(gate, encode_batch(["gate"])))
+    await asyncio.sleep(0)  # the gate's statement is in flight: the three queue up
+    lost = await asyncio.gather(
+        *(store.append(ref, encode_batch(["lost"])) for ref in refs), return_exceptions=True
+    )
+    await first
+    assert all(isinstance(r, asyncpg.exceptions.ConnectionDoesNotExistError) for r in lost)
+    # Nothing of the failed statement was kept; the streams take appends again at once.
+    again = await asyncio.gather(*(store.append(ref, encode_batch(["again"])) for ref in refs))
+    assert [(r.first_sequence, r.last_sequence) for r in again] == [(1, 1)] * 3
+    for ref in refs:
+        assert await stored_log(pool, ref) == {1: '"again"'}
+    assert appender._in_flight == 0 and not appender._ready and not appender._lanes
+
+
+async def test_a_group_whose_connection_failed_is_not_retried(pool: asyncpg.Pool) -> None:
+    # Its statement may have committed: retrying each request alone could append twice.
+    store = Store(pool)
+    appender = store.appender
+    ref = await make_stream(store)
+    inner = appender._call
+    calls: list[int] = []
+
+    async def flaky(stream_pk: int, batches: Any, notify_inline: bool = False) -> Any:
+        calls.append(len(batches))
+        if len(calls) == 2:
+            raise asyncpg.exceptions.ConnectionFailureError("connection lost")
+        return await inner(stream_pk, batches, notify_inline)
+
+    appender._call = flaky  # type: ignore[method-assign]
+    results = await asyncio.gather(
+        *(store.append(ref, encode_batch([i])) for i in range(6)), return_exceptions=True
+    )
+    # The first request went alone, the other five as one group, which failed as a whole.
+    assert calls == [1, 5]
+    assert results[0].first_sequence == 1  # type: ignore[union-attr]
+    assert all(isinstance(r, asyncpg.exceptions.ConnectionFailureError) for r in results[1:])
