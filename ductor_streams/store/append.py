@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
+from typing import Any
 
 import asyncpg
 
@@ -260,37 +261,24 @@ class Appender:
     async def _call(
         self, stream_pk: int, batches: list[EncodedBatch], notify_inline: bool = False
     ) -> list[Outcome]:
-        payloads, sizes, objects = _records(batches)
         self.statements += 1
         rows = await self._pool.fetch(
             QUERIES["records_append" if notify_inline else "records_append_group"],
             stream_pk,
-            [b.count for b in batches],
-            [b.idempotency_key for b in batches],
-            [b.request_hash for b in batches],
-            payloads,
-            sizes,
-            objects,
+            *_request_arrays(batches),
         )
         return [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
 
     async def _call_many(
         self, groups: list[tuple[int, list[EncodedBatch]]], notify_inline: bool
     ) -> list[list[Outcome]]:
-        batches = [batch for _, group in groups for batch in group]
-        payloads, sizes, objects = _records(batches)
         self.statements += 1
         rows = await self._pool.fetch(
             QUERIES["records_append_stream_groups"],
             [stream_pk for stream_pk, _ in groups],
             [len(group) for _, group in groups],
             [sum(b.count for b in group) for _, group in groups],
-            [b.count for b in batches],
-            [b.idempotency_key for b in batches],
-            [b.request_hash for b in batches],
-            payloads,
-            sizes,
-            objects,
+            *_request_arrays([batch for _, group in groups for batch in group]),
             notify_inline,
         )
         outcomes: list[list[Outcome]] = [[] for _ in groups]
@@ -309,8 +297,9 @@ def _outcome_unknown(exc: asyncpg.PostgresError) -> bool:
     return isinstance(exc, asyncpg.exceptions.PostgresConnectionError)
 
 
-def _records(batches: list[EncodedBatch]) -> tuple[list[str], list[int], list[str | None]]:
-    """The batches' records as the append functions' per-record arrays."""
+def _request_arrays(batches: list[EncodedBatch]) -> tuple[list[Any], ...]:
+    """The append functions' array arguments for these requests, in order: per request
+    counts, keys, hashes; per record payloads, sizes, objects."""
     payloads: list[str] = []
     sizes: list[int] = []
     objects: list[str | None] = []
@@ -318,7 +307,14 @@ def _records(batches: list[EncodedBatch]) -> tuple[list[str], list[int], list[st
         payloads.extend(batch.payloads)
         sizes.extend(batch.sizes)
         objects.extend(batch.objects)
-    return payloads, sizes, objects
+    return (
+        [b.count for b in batches],
+        [b.idempotency_key for b in batches],
+        [b.request_hash for b in batches],
+        payloads,
+        sizes,
+        objects,
+    )
 
 
 def _settle(future: asyncio.Future[Outcome], exc: BaseException) -> None:
