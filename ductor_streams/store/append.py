@@ -44,12 +44,8 @@ from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.models import AppendResult
 from ductor_streams.store.wakes import WakeSender
 
-# A group never holds more than this many records, so one transaction stays short.
+# A statement never holds more than this many records, so one transaction stays short.
 MAX_GROUP_RECORDS = 5_000
-
-Outcome = tuple[str, int | None, int | None]
-
-
 # At most this many append statements of one process run at once (see the docstring).
 MAX_STATEMENTS = 4
 # Beside a statement in flight, another starts only for at least this many ready
@@ -61,6 +57,7 @@ PARALLEL_RECORDS = 64
 # A statement for several streams holds at most this many streams' groups.
 MAX_STREAMS_PER_STATEMENT = 64
 
+Outcome = tuple[str, int | None, int | None]
 Item = tuple[EncodedBatch, "asyncio.Future[Outcome]"]
 
 
@@ -190,8 +187,9 @@ class Appender:
                 for _, future in group:
                     _settle(future, exc)
         except BaseException as exc:
-            # Cancelled (shutdown): fail what is queued too rather than leave its
-            # callers waiting forever; nothing of it was sent.
+            # Cancelled (shutdown): the statement's requests get the cancellation, and
+            # what is queued behind them fails too rather than leave its callers
+            # waiting forever (none of it was sent).
             for stream_pk, group in groups:
                 for _, future in group:
                     _settle(future, exc)
