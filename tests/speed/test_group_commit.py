@@ -210,7 +210,24 @@ async def http(server: Any) -> AsyncIterator[httpx.AsyncClient]:
 async def test_mixed_requests_over_real_http(
     http: httpx.AsyncClient, auth: TokenFactory, run_id: str, pool: asyncpg.Pool
 ) -> None:
+    await race_one_stream_over_http(http, auth(), run_id, pool, "h")
+
+
+async def test_mixed_requests_on_many_streams_at_once_over_real_http(
+    http: httpx.AsyncClient, auth: TokenFactory, run_id: str, pool: asyncpg.Pool
+) -> None:
+    # The server combines ready groups of several streams in one transaction: each
+    # stream must still answer exactly as alone while its close races its appends.
     headers = auth()
+    await asyncio.gather(
+        *(race_one_stream_over_http(http, headers, run_id, pool, f"m{n}") for n in range(6))
+    )
+
+
+async def race_one_stream_over_http(
+    http: httpx.AsyncClient, headers: dict[str, str], run_id: str, pool: asyncpg.Pool, tag: str
+) -> None:
+    """A new stream with the ceilings, the mixed workload over HTTP and a racing close."""
     body = definition_body(
         max_unread_items=None,
         max_unread_bytes=CEILINGS.max_unread_bytes,
@@ -251,7 +268,7 @@ async def test_mixed_requests_over_real_http(
         return (problem["code"].replace("idempotency_key_reused", "key_reused"), None, None)
 
     assert await send(PRE) == ("appended", 1, 1)
-    requests = workload("h")
+    requests = workload(tag)
     close_url = f"/api/workflow-streams/runs/{run_id}/streams/{body['stream_id']}/close"
 
     answered = Countdown(CLOSE_AFTER)
@@ -271,7 +288,9 @@ async def test_mixed_requests_over_real_http(
     results = await asyncio.gather(*(counted(r) for r in requests), close_midway())
     answers: list[Answer] = list(results[:-1])  # type: ignore[arg-type]
     row = await pool.fetchrow(
-        "SELECT stream_pk FROM workflow_streams.streams WHERE run_id = $1", run_id
+        "SELECT stream_pk FROM workflow_streams.streams WHERE run_id = $1 AND stream_id = $2",
+        run_id,
+        body["stream_id"],
     )
     assert row is not None
     rows = await pool.fetch(
