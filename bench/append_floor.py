@@ -3,9 +3,10 @@
     python -m bench.append_floor [--seconds 3]
 
 On an isolated database (as the other parts), one asyncpg connection loops the append
-path's statements back to back, commit included, one record per request:
+path's own statements (store/append.py builds the arguments) back to back, commit
+included, one record per request:
 
-- ``1 request``: ``append_requests`` with a group of one (what one client costs at best);
+- ``1 request``: a group of one, notifying at commit (what one client costs at best);
 - ``16 requests, 1 stream``: one group of 16 (16 clients on one stream, per statement);
 - ``16 streams``: ``append_stream_groups`` with one request on each of 16 streams.
 
@@ -29,6 +30,7 @@ from ductor_streams.definitions import parse_definition
 from ductor_streams.schema import QUERIES
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store import Store, StreamKey, encode_batch
+from ductor_streams.store.append import statement_arguments
 
 NO_CEILINGS = {
     "max_unread_items": None,
@@ -61,43 +63,19 @@ async def run(dsn: str, seconds: float) -> None:
             ref, _ = await store.create_stream(StreamKey("bench", run_id, f"s{i}"), definition)
             pks.append(ref.stream_pk)
         one = encode_batch([{"n": 1, "text": "hello"}])
-
-        def group(n: int) -> list[object]:
-            return [[1] * n, [None] * n, [one.request_hash] * n, one.payloads * n]
+        single = statement_arguments([one])
+        sixteen = statement_arguments([one] * 16)
+        group = QUERIES["records_append_group"]
+        streams = QUERIES["records_append_stream_groups"]
 
         async with pool.acquire() as conn:
             shapes: list[tuple[str, int, Callable[[], Awaitable[object]]]] = [
-                (
-                    "1 request",
-                    1,
-                    lambda: conn.fetch(
-                        QUERIES["records_append"], pks[0], *group(1), one.sizes, one.objects
-                    ),
-                ),
-                (
-                    "16 requests, 1 stream",
-                    16,
-                    lambda: conn.fetch(
-                        QUERIES["records_append_group"],
-                        pks[0],
-                        *group(16),
-                        one.sizes * 16,
-                        one.objects * 16,
-                    ),
-                ),
+                ("1 request", 1, lambda: conn.fetch(group, pks[0], *single, True)),
+                ("16 requests, 1 stream", 16, lambda: conn.fetch(group, pks[0], *sixteen, False)),
                 (
                     "16 streams",
                     16,
-                    lambda: conn.fetch(
-                        QUERIES["records_append_stream_groups"],
-                        pks,
-                        [1] * 16,
-                        [1] * 16,
-                        *group(16),
-                        one.sizes * 16,
-                        one.objects * 16,
-                        True,
-                    ),
+                    lambda: conn.fetch(streams, pks, [1] * 16, [1] * 16, *sixteen, True),
                 ),
             ]
             print(f"{'statement':<24} {'statements/s':>13} {'appends/s':>10} {'ms/statement':>13}")

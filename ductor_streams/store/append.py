@@ -261,9 +261,7 @@ class Appender:
     ) -> list[Outcome]:
         self.statements += 1
         rows = await self._pool.fetch(
-            QUERIES["records_append" if notify_inline else "records_append_group"],
-            stream_pk,
-            *_request_arrays(batches),
+            QUERIES["records_append_group"], stream_pk, *statement_arguments(batches), notify_inline
         )
         return [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
 
@@ -276,7 +274,7 @@ class Appender:
             [stream_pk for stream_pk, _ in groups],
             [len(group) for _, group in groups],
             [sum(b.count for b in group) for _, group in groups],
-            *_request_arrays([batch for _, group in groups for batch in group]),
+            *statement_arguments([batch for _, group in groups for batch in group]),
             notify_inline,
         )
         outcomes: list[list[Outcome]] = [[] for _ in groups]
@@ -295,9 +293,14 @@ def _outcome_unknown(exc: asyncpg.PostgresError) -> bool:
     return isinstance(exc, asyncpg.exceptions.PostgresConnectionError)
 
 
-def _request_arrays(batches: list[EncodedBatch]) -> tuple[list[Any], ...]:
-    """The append functions' array arguments for these requests, in order: per request
-    counts, keys, hashes; per record payloads, sizes, objects."""
+# Joins a statement's payloads into one text (see records_append_group in wakes.sql).
+RECORD_SEPARATOR = "\x1e"
+
+
+def statement_arguments(batches: list[EncodedBatch]) -> tuple[Any, ...]:
+    """The append statements' request and record arguments, in order: per request counts,
+    keys, hashes; the records' payloads and sizes joined into one text each, and their
+    objects (None when no record has one)."""
     payloads: list[str] = []
     sizes: list[int] = []
     objects: list[str | None] = []
@@ -305,13 +308,17 @@ def _request_arrays(batches: list[EncodedBatch]) -> tuple[list[Any], ...]:
         payloads.extend(batch.payloads)
         sizes.extend(batch.sizes)
         objects.extend(batch.objects)
+    joined = RECORD_SEPARATOR.join(payloads)
+    if joined.count(RECORD_SEPARATOR) != len(payloads) - 1:
+        # Compact JSON escapes control characters; a payload from elsewhere might not.
+        raise ValueError("a payload holds the record separator U+001E unescaped")
     return (
         [b.count for b in batches],
         [b.idempotency_key for b in batches],
         [b.request_hash for b in batches],
-        payloads,
-        sizes,
-        objects,
+        joined,
+        ",".join(map(str, sizes)),
+        objects if any(o is not None for o in objects) else None,
     )
 
 

@@ -11,9 +11,10 @@ import asyncio
 from typing import Any
 
 import asyncpg
+import pytest
 
 from ductor_streams.store import EncodedBatch, Store, encode_batch
-from ductor_streams.store.append import Appender
+from ductor_streams.store.append import Appender, statement_arguments
 from tests.speed.mixed import workload
 from tests.speed.test_group_commit import (
     answer_of,
@@ -258,3 +259,44 @@ async def test_a_group_whose_connection_failed_is_not_retried(pool: asyncpg.Pool
     assert calls == [1, 5]
     assert results[0].first_sequence == 1  # type: ignore[union-attr]
     assert all(isinstance(r, asyncpg.exceptions.ConnectionFailureError) for r in results[1:])
+
+
+async def test_records_travel_joined_and_come_back_exact(pool: asyncpg.Pool) -> None:
+    # Payloads and sizes go to Postgres joined into one text each (wakes.sql); objects
+    # only when a record has one. Whatever the payload holds, it comes back as sent.
+    store = combining_store(pool)
+    refs = [await make_stream(store) for _ in range(3)]
+    tricky: list[Any] = [
+        "a\x1eb",  # the separator inside a string: escaped in compact JSON
+        {"k": "x,y", "u": "é☃", "n": [1, 2, {"z": None}]},
+        ",",
+        "",
+    ]
+    batches = [
+        encode_batch(tricky),
+        encode_batch(["plain"], objects=[{"key": "o-1", "size": 3}]),
+        encode_batch([1, 2.5, True, None]),
+    ]
+    assert all("\x1e" not in text for b in batches for text in b.payloads)
+    results = await asyncio.gather(*(store.append(ref, batch) for ref in refs for batch in batches))
+    assert [(r.first_sequence, r.last_sequence) for r in results[:3]] == [(1, 4), (5, 5), (6, 9)]
+    for ref in refs:
+        rows = await pool.fetch(
+            "SELECT sequence, payload, size, object FROM workflow_streams.records"
+            " WHERE stream_pk = $1 ORDER BY sequence",
+            ref.stream_pk,
+        )
+        expected = [t for b in batches for t in b.payloads]
+        assert [r["payload"] for r in rows] == expected
+        assert [r["size"] for r in rows] == [s for b in batches for s in b.sizes]
+        assert [r["object"] for r in rows] == [None] * 4 + ['{"key": "o-1", "size": 3}'] + [
+            None
+        ] * 4
+
+
+def test_a_payload_with_a_raw_separator_is_refused() -> None:
+    # Not producible by encode_batch (compact JSON escapes control characters).
+    bad = EncodedBatch(['"a\x1eb"'], [5], [None], None, "h")
+    with pytest.raises(ValueError, match="separator"):
+        statement_arguments([encode_batch(["ok"]), bad])
+    assert statement_arguments([encode_batch(["ok"])])[3:] == ('"ok"', "4", None)

@@ -53,9 +53,8 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
  ORDER BY r.sequence;
 
 -- name: records_append
--- The 7-argument form: notifies inside its own transaction, at commit. The append path
--- uses it for a group alone in flight (store/append.py); under concurrency it uses
--- records_append_group and announces the commit afterwards.
+-- The 7-argument form: notifies inside its own transaction, at commit. Not on the HTTP
+-- append path (records_append_group); tests/speed/test_wakes.py checks that form with it.
 SELECT request_index, outcome, first_sequence, last_sequence
   FROM workflow_streams.append_requests($1, $2::integer[], $3::text[], $4::text[],
                                         $5::text[], $6::integer[], $7::jsonb[]);
