@@ -8,10 +8,13 @@ included, one record per request:
 
 - ``1 request``: a group of one, notifying at commit (what one client costs at best);
 - ``16 requests, 1 stream``: one group of 16 (16 clients on one stream, per statement);
+- ``100 records, 1 request``: one 100-record request;
 - ``16 streams``: ``append_stream_groups`` with one request on each of 16 streams.
 
-Prints statements/s, appends/s and ms per statement. With one client the service cannot
-beat the first line; the others show what Postgres needs per group and per stream.
+Prints statements/s, records/s, ms per statement and this process's CPU per statement
+(building the arguments and asyncpg's encoding: the client side of the append path).
+With one client the service cannot beat the first line; the others show what Postgres
+needs per group and per stream.
 """
 
 from __future__ import annotations
@@ -40,14 +43,19 @@ NO_CEILINGS = {
 }
 
 
-async def _rate(seconds: float, statement: Callable[[], Awaitable[object]]) -> tuple[float, float]:
+async def _rate(
+    seconds: float, statement: Callable[[], Awaitable[object]]
+) -> tuple[float, float, float]:
+    """Statements/s, wall ms and this process's CPU us per statement (argument building
+    and asyncpg's encoding: the client side of the append path)."""
     count = 0
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), time.process_time()
     while time.perf_counter() - started < seconds:
         await statement()
         count += 1
     elapsed = time.perf_counter() - started
-    return count / elapsed, elapsed / count * 1000
+    cpu = time.process_time() - cpu_started
+    return count / elapsed, elapsed / count * 1000, cpu / count * 1e6
 
 
 async def run(dsn: str, seconds: float) -> None:
@@ -63,26 +71,45 @@ async def run(dsn: str, seconds: float) -> None:
             ref, _ = await store.create_stream(StreamKey("bench", run_id, f"s{i}"), definition)
             pks.append(ref.stream_pk)
         one = encode_batch([{"n": 1, "text": "hello"}])
-        single = statement_arguments([one])
-        sixteen = statement_arguments([one] * 16)
+        hundred = encode_batch([{"n": 1, "text": "hello"}] * 100)
         group = QUERIES["records_append_group"]
         streams = QUERIES["records_append_stream_groups"]
 
         async with pool.acquire() as conn:
+            # The arguments are built per statement, as the appender does.
             shapes: list[tuple[str, int, Callable[[], Awaitable[object]]]] = [
-                ("1 request", 1, lambda: conn.fetch(group, pks[0], *single, True)),
-                ("16 requests, 1 stream", 16, lambda: conn.fetch(group, pks[0], *sixteen, False)),
+                (
+                    "1 request",
+                    1,
+                    lambda: conn.fetch(group, pks[0], *statement_arguments([one]), True),
+                ),
+                (
+                    "16 requests, 1 stream",
+                    16,
+                    lambda: conn.fetch(group, pks[0], *statement_arguments([one] * 16), False),
+                ),
+                (
+                    "100 records, 1 request",
+                    100,
+                    lambda: conn.fetch(group, pks[0], *statement_arguments([hundred]), True),
+                ),
                 (
                     "16 streams",
                     16,
-                    lambda: conn.fetch(streams, pks, [1] * 16, [1] * 16, *sixteen, True),
+                    lambda: conn.fetch(
+                        streams, pks, [1] * 16, [1] * 16, *statement_arguments([one] * 16), True
+                    ),
                 ),
             ]
-            print(f"{'statement':<24} {'statements/s':>13} {'appends/s':>10} {'ms/statement':>13}")
-            for title, appends, statement in shapes:
-                per_second, ms = await _rate(seconds, statement)
+            print(
+                f"{'statement':<24} {'statements/s':>13} {'records/s':>10} "
+                f"{'ms/statement':>13} {'client CPU us':>14}"
+            )
+            for title, records, statement in shapes:
+                per_second, ms, cpu_us = await _rate(seconds, statement)
                 print(
-                    f"{title:<24} {per_second:>13,.0f} {per_second * appends:>10,.0f} {ms:>13.3f}"
+                    f"{title:<24} {per_second:>13,.0f} {per_second * records:>10,.0f} "
+                    f"{ms:>13.3f} {cpu_us:>14.0f}"
                 )
     finally:
         await pool.close()
