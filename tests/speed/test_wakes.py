@@ -41,6 +41,14 @@ class Listener:
         )
         self.visible_at_wake.append((stream_pk, int(latest)))
 
+    async def settle(self, store: Store) -> None:
+        """Wait until every wake sent so far has arrived and been read: the wake sender is
+        drained, then a sentinel follows (notifications of different transactions arrive
+        in commit order, so everything sent before it has arrived when it has)."""
+        await store.wakes.drain()
+        await self.pool.execute("SELECT pg_notify('workflow_streams', 'settled')")
+        await self.wait_for("settled")
+
     async def wait_for(self, payload: str, deadline: float = 5.0) -> None:
         async with asyncio.timeout(deadline):
             while payload not in self.payloads:
@@ -75,8 +83,9 @@ async def test_many_streams_each_get_a_wake_after_their_last_commit(
 ) -> None:
     refs = [await make_stream(store) for _ in range(12)]
     await asyncio.gather(*(append(store, ref, [i]) for ref in refs for i in range(4)))
+    await listener.settle(store)
     for ref in refs:
-        await listener.wait_for(f"r{ref.stream_pk}")
+        assert f"r{ref.stream_pk}" in listener.payloads
         seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
         assert seen and max(seen) == 4  # never a wake without the commit behind it
 
@@ -184,9 +193,9 @@ async def test_concurrent_groups_announce_after_commit_instead(
     refs = [await make_stream(store, max_unread_items=None) for _ in range(6)]
     batch = list(range(PARALLEL_RECORDS))
     await asyncio.gather(*(append(store, ref, batch) for ref in refs for _ in range(3)))
-    await store.wakes.drain()
+    await listener.settle(store)
     for ref in refs:
-        await listener.wait_for(f"r{ref.stream_pk}")
+        assert f"r{ref.stream_pk}" in listener.payloads
         seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
         assert seen and max(seen) == 3 * PARALLEL_RECORDS  # the last commit's wake
     assert 1 <= store.wakes.statements < 6 * 3
