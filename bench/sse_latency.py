@@ -6,9 +6,12 @@
 For each subscriber count, on a fresh stream of a real ``serve --no-workers`` process:
 the subscribers connect (in a separate process, raw asyncio protocols, so that parsing
 does not disturb the producer), then this process appends one record per request at
-``--rate`` per second for ``--seconds`` and closes the stream. Latency is from the start
-of the append request to the moment a subscriber's socket delivered the record, over
-every (subscriber, record) pair; both processes read the same monotonic clock.
+``--rate`` per second for ``--seconds`` and closes the stream. Latency is from the moment
+the append request was written to its socket (a pre-built request on a keep-alive raw
+connection: no HTTP client library's own CPU in the figure) to the moment a subscriber's
+socket delivered the record, over every (subscriber, record) pair; both processes read
+the same monotonic clock. ``ans p50`` is the append's own round trip, for comparison:
+live delivery of the server's own appends does not wait for it.
 
 Postgres cost, over the producing window: the server's live-delivery reads per append
 (``ductor_streams_live_reads_total`` from its /metrics: ``follower`` reads are one per
@@ -41,6 +44,7 @@ from typing import Any
 import asyncpg
 import httpx
 import psutil
+import uvloop
 
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
@@ -51,6 +55,8 @@ from tests.support.server import ServerProcess
 API = "/api/workflow-streams"
 _ID = re.compile(rb"^id: (\d+)\r?$", re.MULTILINE)
 _END = b"event: end"
+# Appends in flight at once at most (each on its own keep-alive connection).
+PRODUCER_CONNECTIONS = 8
 
 
 # -- subscribers (child process) ------------------------------------------------------------
@@ -135,17 +141,95 @@ def _subscriber_process(
     host: str, port: int, path: str, token: str, count: int, capacity: int, pipe: Connection
 ) -> None:
     try:
-        import uvloop
-
-        uvloop.install()
-    except ImportError:  # pragma: no cover - uvloop comes with uvicorn[standard]
-        pass
-    try:
-        times = asyncio.run(_subscribers(host, port, path, token, count, capacity, pipe))
+        times = uvloop.run(_subscribers(host, port, path, token, count, capacity, pipe))
     except BaseException as exc:
         pipe.send(f"failed: {type(exc).__name__}: {exc}")
         raise
     pipe.send([t.tobytes() for t in times])
+
+
+# -- producer (this process) -------------------------------------------------------------------
+
+
+class _Answer(asyncio.Protocol):
+    """One keep-alive connection for the producer: one request at a time, raw bytes."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.answer: asyncio.Future[tuple[int, bytes]] | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+
+    def send(self, request: bytes) -> asyncio.Future[tuple[int, bytes]]:
+        assert self.transport is not None and self.answer is None
+        self.answer = asyncio.get_running_loop().create_future()
+        self.transport.write(request)
+        return self.answer
+
+    def data_received(self, data: bytes) -> None:
+        self.buffer += data
+        end = self.buffer.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        head = bytes(self.buffer[:end])
+        length = 0
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.strip().lower() == b"content-length":
+                length = int(value)
+        if len(self.buffer) < end + 4 + length:
+            return
+        body = bytes(self.buffer[end + 4 : end + 4 + length])
+        del self.buffer[: end + 4 + length]
+        answer, self.answer = self.answer, None
+        if answer is not None:
+            answer.set_result((int(head[9:12]), body))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.answer is not None and not self.answer.done():
+            self.answer.set_exception(exc or ConnectionError("closed"))
+
+
+class _Producer:
+    """Appends over a few keep-alive raw connections (requests built from bytes: the
+    producer must not add its own milliseconds to the latency it measures)."""
+
+    def __init__(self, host: str, port: int, path: str, token: str) -> None:
+        self._host, self._port = host, port
+        self._head = (
+            f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
+            "Content-Type: application/json\r\nContent-Length: "
+        ).encode()
+        self._free: asyncio.Queue[_Answer] = asyncio.Queue()
+
+    async def connect(self, connections: int) -> None:
+        loop = asyncio.get_running_loop()
+        for _ in range(connections):
+            _, protocol = await loop.create_connection(_Answer, self._host, self._port)
+            self._free.put_nowait(protocol)
+
+    async def append(self, i: int) -> tuple[float, float, int]:
+        """Append ``{"i": i}``: (write time, answer time, first sequence)."""
+        body = b'{"records":[{"payload":{"i":%d}}]}' % i
+        request = self._head + b"%d\r\n\r\n" % len(body) + body
+        conn = await self._free.get()
+        try:
+            started = time.monotonic()
+            status, answer = await conn.send(request)
+            finished = time.monotonic()
+        finally:
+            self._free.put_nowait(conn)
+        if status != 201:
+            raise RuntimeError(f"append answered {status}: {answer[:200]!r}")
+        return started, finished, int(json.loads(answer)["first_sequence"])
+
+    def close(self) -> None:
+        while not self._free.empty():
+            conn = self._free.get_nowait()
+            if conn.transport is not None:
+                conn.transport.close()
 
 
 # -- measurements ------------------------------------------------------------------------------
@@ -226,6 +310,7 @@ async def one_run(
     headers = {"Authorization": f"Bearer {token}"}
     total = int(rate * seconds)
     starts = [0.0] * (total + 1)
+    answered: list[float] = []  # each append's own round trip, as the producer saw it
     async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
         r = await client.post(
             f"{API}/runs/{run_id}/streams",
@@ -268,13 +353,13 @@ async def one_run(
         stop = asyncio.Event()
         sampler = asyncio.create_task(connections.sample(stop))
 
+        producer = _Producer("127.0.0.1", server.port, stream + "/records", token)
+        await producer.connect(PRODUCER_CONNECTIONS)
+
         async def one_append(i: int) -> None:
-            started = time.monotonic()
-            r = await client.post(
-                stream + "/records", json={"records": [{"payload": {"i": i}}]}, headers=headers
-            )
-            r.raise_for_status()
-            starts[r.json()["first_sequence"]] = started
+            started, finished, sequence = await producer.append(i)
+            starts[sequence] = started
+            answered.append(finished - started)
 
         began = time.monotonic()
         tasks = []
@@ -283,6 +368,7 @@ async def one_run(
             tasks.append(asyncio.create_task(one_append(i)))
         await asyncio.gather(*tasks)
         produced_in = time.monotonic() - began
+        producer.close()
         stop.set()
         await sampler
         reads_after = await live_reads(client)
@@ -316,6 +402,7 @@ async def one_run(
         "deliveries": len(latencies),
         "missing": missing,
         **{k: round(v, 2) for k, v in _percentiles(latencies).items()},
+        "append_p50_ms": round(_percentiles(answered)["p50_ms"], 2),
         **{
             f"{kind}_reads_per_append": round(
                 (reads_after.get(kind, 0) - reads_before.get(kind, 0)) / total, 3
@@ -402,7 +489,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
     counts = tuple(int(x) for x in args.subscribers.split(",") if x.strip())
-    result = asyncio.run(
+    result = uvloop.run(
         run(
             subscribers=counts,
             rate=args.rate,
@@ -418,14 +505,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'subs':>5} {'rate/s':>7} {'deliveries':>10} {'missing':>7} {'p50 ms':>7} "
-        f"{'p99 ms':>7} {'max ms':>7} {'follower/app':>12} {'subscriber/app':>14} "
+        f"{'p99 ms':>7} {'max ms':>7} {'ans p50':>7} {'follower/app':>12} {'subscriber/app':>14} "
         f"{'pg conns':>8} {'srv cpu':>7} {'cli cpu':>7}"
     )
     for row in result["runs"]:
         print(
             f"{row['subscribers']:>5} {row['achieved_rate']:>7} {row['deliveries']:>10} "
             f"{row['missing']:>7} {row['p50_ms']:>7} {row['p99_ms']:>7} {row['max_ms']:>7} "
-            f"{row['follower_reads_per_append']:>12} {row['subscriber_reads_per_append']:>14} "
+            f"{row['append_p50_ms']:>7} {row['follower_reads_per_append']:>12} "
+            f"{row['subscriber_reads_per_append']:>14} "
             f"{row['max_server_connections']:>8} {row['server_cpu_share']:>7} "
             f"{row['client_cpu_share']:>7}"
         )

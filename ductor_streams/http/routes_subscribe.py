@@ -38,6 +38,8 @@ def followers_of(app: Litestar) -> Followers:
     if followers is None:
         followers = Followers(app.state.store.pool, app.state.hub, LiveSettings.from_env())
         app.state.live_followers = followers
+        # Appends of this process reach its subscribers without a read (store/append.py).
+        app.state.store.appender.feed = followers
     return followers
 
 

@@ -11,6 +11,13 @@ BEFORE it watched the hub, so everything committed later is announced to it; and
 registered at that moment. A record committed after a subscriber registered is then
 either fanned out to it, or was read by a read that began after it registered, which
 also fanned out to it. Records committed before it registered are in its own backfill.
+
+Appends of this process are also ``feed``-ed to the follower right after their commit
+returned (store/append.py): a fed batch that follows on from ``last_read`` is fanned
+out like a read's, without the read. It obeys the same rule (committed before it is
+fanned out to everyone registered then), so it moves ``last_read`` just as a read
+does. Anything else fed (another process appended in between) is dropped: the wake
+every commit still sends brings a read, which delivers it.
 """
 
 from __future__ import annotations
@@ -18,13 +25,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 
 from ductor_streams.errors import CursorExpired, NotFound
 from ductor_streams.live.events import LiveBatch
 from ductor_streams.live.hub import NotificationHub
+from ductor_streams.live.stats import LIVE_FED
 from ductor_streams.live.subscription import Subscription
-from ductor_streams.store.models import Page
+from ductor_streams.store.models import Page, Record
 
 log = logging.getLogger(__name__)
 
@@ -60,11 +69,14 @@ class StreamFollower:
         self._retry_delay = retry_delay
         self._subscribers: dict[Subscription, None] = {}
         self._wake = asyncio.Event()
+        self._must_read = False  # a wake came (or the poll ran out) since the last read
+        self._fed: deque[list[Record]] = deque()
         self._stopped = False
         self._unwatch: Callable[[], None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed_announced = False
         self.reads = 0
+        self.fed_batches = 0  # fed batches fanned out without a read
 
     def start(self) -> None:
         self._unwatch = self._hub.subscribe(self.stream_pk, self._on_wake)
@@ -95,7 +107,14 @@ class StreamFollower:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
+    def feed(self, records: list[Record]) -> None:
+        """Take consecutive records whose commit has ALREADY returned in this process."""
+        if not self._stopped:
+            self._fed.append(records)
+            self._wake.set()
+
     def _on_wake(self, _stream_pk: int) -> None:
+        self._must_read = True
         self._wake.set()
 
     async def _run(self) -> None:
@@ -103,18 +122,34 @@ class StreamFollower:
             try:
                 await asyncio.wait_for(self._wake.wait(), self._poll_seconds)
             except TimeoutError:
-                pass  # a safety net: a wake lost between commit and LISTEN costs a delay only
+                # A safety net: a wake lost between commit and LISTEN costs a delay only.
+                self._must_read = True
             self._wake.clear()
             if self._stopped:
                 return
             try:
-                await self._read_new()
+                await self._deliver_fed()
+                if self._must_read:
+                    self._must_read = False
+                    await self._read_new()
             except Exception:
                 # The pool or the database hiccuped: try again soon. Subscribers keep
                 # what they have; nothing is skipped because last_read did not move.
                 log.exception("live follower read failed", extra={"stream_pk": self.stream_pk})
                 await asyncio.sleep(self._retry_delay)
+                self._must_read = True
                 self._wake.set()
+
+    async def _deliver_fed(self) -> None:
+        while self._fed and not self._stopped:
+            records = self._fed.popleft()
+            fresh = [r for r in records if r.sequence > self.last_read]
+            if not fresh or fresh[0].sequence != self.last_read + 1:
+                continue  # read already, or another writer's records come first
+            await self._fan_out(LiveBatch(fresh, fresh[-1].sequence, False))
+            self.last_read = fresh[-1].sequence
+            self.fed_batches += 1
+            LIVE_FED.inc()
 
     async def _read_new(self) -> None:
         while not self._stopped:

@@ -19,7 +19,7 @@ from ductor_streams.live.hub import NotificationHub
 from ductor_streams.live.stats import LIVE_READS
 from ductor_streams.live.subscription import Subscription
 from ductor_streams.schema import QUERIES
-from ductor_streams.store.models import Page
+from ductor_streams.store.models import Page, Record
 from ductor_streams.store.read import read_page
 
 
@@ -82,6 +82,17 @@ class Followers:
         if follower is not None and follower.remove(subscription):
             follower.stop()
             del self._followers[stream_pk]
+
+    def follows(self, stream_pk: int) -> bool:
+        """Whether this process follows the stream (``store.append.CommitFeed``)."""
+        return stream_pk in self._followers
+
+    def committed(self, stream_pk: int, records: list[Record]) -> None:
+        """Records this process has just committed: its follower fans them out without
+        a read when they follow on from what it delivered (``store.append.CommitFeed``)."""
+        follower = self._followers.get(stream_pk)
+        if follower is not None:
+            follower.feed(records)
 
     def follower(self, stream_pk: int) -> StreamFollower | None:
         return self._followers.get(stream_pk)

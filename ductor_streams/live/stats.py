@@ -1,4 +1,5 @@
-"""Live delivery's own Prometheus counter: the Postgres reads it makes, by kind.
+"""Live delivery's own Prometheus counters: the Postgres reads it makes, by kind, and
+the batches of this process's own commits it fanned out without a read.
 
 Registered in the process registry of ``ductor_streams.metrics`` (served at /metrics).
 What subscribers cost Postgres is read off it: ``follower`` reads are one per wake per
@@ -20,3 +21,9 @@ LIVE_READS = Counter(
 )
 for _kind in ("follower", "subscriber", "start"):
     LIVE_READS.labels(_kind)
+
+LIVE_FED = Counter(
+    "ductor_streams_live_fed_batches",
+    "Batches of this process's own appends fanned out right after commit, without a read.",
+    registry=REGISTRY,
+)

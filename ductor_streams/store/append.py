@@ -19,6 +19,13 @@ While other statements of this process are in flight, a statement carries no NOT
 once it has committed, its streams' wakes are announced through ``WakeSender``
 (store/wakes.py), coalesced. A statement alone in flight notifies inside its own
 transaction, at commit (one round trip, no wake statement).
+
+Live delivery of this process does not wait for either wake: right after a statement
+returned, the records it appended to a stream this process follows are handed to
+``feed`` (``live.Followers``), built from the request's own payloads, the sequences
+and the transaction's ``appended_at``, so local subscribers get them without a read.
+The wake still goes out for every commit: followers in other processes (and this one,
+should it have skipped the fed records) read Postgres as before.
 """
 
 from __future__ import annotations
@@ -26,7 +33,8 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
+from typing import Any, Protocol
 
 import asyncpg
 
@@ -41,7 +49,7 @@ from ductor_streams.errors import (
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import translate_db_error
 from ductor_streams.store.encoding import EncodedBatch
-from ductor_streams.store.models import AppendResult
+from ductor_streams.store.models import AppendResult, Record
 from ductor_streams.store.wakes import WakeSender
 
 # A statement never holds more than this many records, so one transaction stays short.
@@ -79,6 +87,16 @@ class _Lane:
             group.append(item)
             records += item[0].count
         return group
+
+
+class CommitFeed(Protocol):
+    """Takes records whose commit has just returned (live delivery of this process)."""
+
+    def follows(self, stream_pk: int) -> bool:
+        """Whether anyone in this process follows the stream (else nothing is built)."""
+
+    def committed(self, stream_pk: int, records: list[Record]) -> None:
+        """Consecutive records of one stream, committed; must not block."""
 
 
 def outcome_to_result(outcome: Outcome) -> AppendResult:
@@ -119,6 +137,7 @@ class Appender:
         self.statements = 0  # append statements sent (tests and benchmarks read it)
         self._tasks: set[asyncio.Task[None]] = set()
         self.wakes = wakes if wakes is not None else WakeSender(pool)
+        self.feed: CommitFeed | None = None
 
     async def append(self, stream_pk: int, batch: EncodedBatch) -> AppendResult:
         """Append one request; raises the domain error the request alone would get."""
@@ -214,7 +233,7 @@ class Appender:
     async def _run_groups(self, groups: list[tuple[int, list[Item]]], notify_inline: bool) -> None:
         """Several streams' groups in one transaction, or each alone if that fails."""
         try:
-            outcomes = await self._call_many(
+            outcomes, appended_at = await self._call_many(
                 [(stream_pk, [batch for batch, _ in group]) for stream_pk, group in groups],
                 notify_inline,
             )
@@ -226,12 +245,14 @@ class Appender:
                 await self._run_group(stream_pk, group, notify_inline=False)
             return
         for (stream_pk, group), group_outcomes in zip(groups, outcomes, strict=True):
-            self._settle_group(stream_pk, group, group_outcomes, notify_inline)
+            self._settle_group(stream_pk, group, group_outcomes, notify_inline, appended_at)
 
     async def _run_group(self, stream_pk: int, group: list[Item], *, notify_inline: bool) -> None:
         """One stream's group in one transaction, or each request alone if that fails."""
         try:
-            outcomes = await self._call(stream_pk, [batch for batch, _ in group], notify_inline)
+            outcomes, appended_at = await self._call(
+                stream_pk, [batch for batch, _ in group], notify_inline
+            )
         except asyncpg.PostgresError as exc:
             if len(group) == 1 or _outcome_unknown(exc):
                 for _, future in group:
@@ -241,11 +262,21 @@ class Appender:
             for item in group:
                 await self._run_group(stream_pk, [item], notify_inline=False)
             return
-        self._settle_group(stream_pk, group, outcomes, notify_inline)
+        self._settle_group(stream_pk, group, outcomes, notify_inline, appended_at)
 
     def _settle_group(
-        self, stream_pk: int, group: list[Item], outcomes: list[Outcome], notify_inline: bool
+        self,
+        stream_pk: int,
+        group: list[Item],
+        outcomes: list[Outcome],
+        notify_inline: bool,
+        appended_at: datetime,
     ) -> None:
+        feed = self.feed
+        if feed is not None and feed.follows(stream_pk):
+            records = committed_records(group, outcomes, appended_at)
+            if records:
+                feed.committed(stream_pk, records)
         if not notify_inline and any(outcome[0] == "appended" for outcome in outcomes):
             # The statement returned, so its transaction has committed. When other
             # statements are in flight or queued, this wake may share their wake's.
@@ -258,16 +289,19 @@ class Appender:
 
     async def _call(
         self, stream_pk: int, batches: list[EncodedBatch], notify_inline: bool = False
-    ) -> list[Outcome]:
+    ) -> tuple[list[Outcome], datetime]:
+        """The outcome of each request, and the transaction's ``appended_at``."""
         self.statements += 1
         rows = await self._pool.fetch(
             QUERIES["records_append_group"], stream_pk, *statement_arguments(batches), notify_inline
         )
-        return [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
+        outcomes = [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
+        return outcomes, rows[0]["appended_at"]
 
     async def _call_many(
         self, groups: list[tuple[int, list[EncodedBatch]]], notify_inline: bool
-    ) -> list[list[Outcome]]:
+    ) -> tuple[list[list[Outcome]], datetime]:
+        """Each group's outcomes, and the transaction's ``appended_at``."""
         self.statements += 1
         rows = await self._pool.fetch(
             QUERIES["records_append_stream_groups"],
@@ -282,7 +316,28 @@ class Appender:
             outcomes[r["group_index"] - 1].append(
                 (r["outcome"], r["first_sequence"], r["last_sequence"])
             )
-        return outcomes
+        return outcomes, rows[0]["appended_at"]
+
+
+def committed_records(
+    group: list[Item], outcomes: list[Outcome], appended_at: datetime
+) -> list[Record]:
+    """The records a group appended, as a read would return them; empty when one of
+    them carries an object (its stored form is jsonb's: those are left to the read)."""
+    records: list[Record] = []
+    for (batch, _), (name, first, _last) in zip(group, outcomes, strict=True):
+        if name != "appended":
+            continue
+        assert first is not None
+        if any(o is not None for o in batch.objects):
+            return []
+        records.extend(
+            Record(sequence, payload, size, appended_at, None)
+            for sequence, payload, size in zip(
+                range(first, first + batch.count), batch.payloads, batch.sizes, strict=True
+            )
+        )
+    return records
 
 
 def _outcome_unknown(exc: asyncpg.PostgresError) -> bool:

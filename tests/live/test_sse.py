@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 
 import httpx
 
@@ -19,6 +20,12 @@ from tests.support.live import (
     stream_pk,
     stream_url,
 )
+
+
+async def fed_batches(c: httpx.AsyncClient) -> float:
+    """The server's ``ductor_streams_live_fed_batches_total`` from /metrics."""
+    text = (await c.get("/metrics")).text
+    return float(re.search(r"^ductor_streams_live_fed_batches_total (\S+)$", text, re.M)[1])  # type: ignore[index]
 
 
 async def test_backfill_then_live_exactly_once_then_resume(server, auth, run_id):
@@ -38,9 +45,15 @@ async def test_backfill_then_live_exactly_once_then_resume(server, auth, run_id)
             )
         )
         await eventually(lambda: len(got.sequences) >= 40, what="the backfill")
+        fed_before = await fed_batches(c)
         for i in range(51, 101):  # live, one request each
             await append(c, run_id, "out", [{"n": i}], h)
         await asyncio.wait_for(task, 30)
+        # The server's own appends reached its subscriber without a read...
+        assert await fed_batches(c) > fed_before
+        # ...and look exactly as read records do (appended_at included).
+        page = await c.get(stream_url(run_id, "out") + "/records?cursor=10&limit=90", headers=h)
+        assert got.records == page.json()["records"]
     assert got.sequences == list(range(11, 101))
     assert got.ids == [str(s) for s in range(11, 101)]
     assert [r["payload"] for r in got.records] == [{"n": i} for i in range(11, 101)]

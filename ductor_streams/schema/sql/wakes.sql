@@ -8,7 +8,9 @@
 -- asyncpg's binary encoding of text[]/integer[]/jsonb[] cost ~1.5 us of client CPU a
 -- record (100-record statement: ~300 -> ~175 us). $8: NOTIFY at commit (the statement
 -- is alone in flight) or not (the caller announces the commit afterwards, wake_send).
-SELECT request_index, outcome, first_sequence, last_sequence
+-- appended_at: now() is the transaction's start, the records' appended_at (live
+-- delivery of this process builds the committed records from it without a read).
+SELECT request_index, outcome, first_sequence, last_sequence, now() AS appended_at
   FROM workflow_streams.append_requests($1, $2::integer[], $3::text[], $4::text[],
                                         string_to_array($5::text, E'\x1e'),
                                         string_to_array($6::text, ',')::integer[],
@@ -24,7 +26,8 @@ SELECT count(pg_notify('workflow_streams', w))
 -- name: records_append_stream_groups
 -- The groups of several streams (ascending stream_pk) in one transaction; records travel
 -- as in records_append_group ($7, $8, $9); $10: NOTIFY at commit or not.
-SELECT group_index, request_index, outcome, first_sequence, last_sequence
+SELECT group_index, request_index, outcome, first_sequence, last_sequence,
+       now() AS appended_at
   FROM workflow_streams.append_stream_groups($1::bigint[], $2::integer[], $3::integer[],
                                              $4::integer[], $5::text[], $6::text[],
                                              string_to_array($7::text, E'\x1e'),

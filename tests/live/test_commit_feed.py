@@ -1,0 +1,148 @@
+"""Appends of this process reach its subscribers without a read (store.append.CommitFeed):
+the fed records are exactly what a read returns, a fed batch that does not follow on
+is dropped and the wake's read delivers it, and nothing is lost or repeated when fed
+batches race reads and another process's appends."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime
+
+import asyncpg
+import pytest
+
+from ductor_streams.live.config import LiveSettings
+from ductor_streams.live.followers import Followers
+from ductor_streams.live.hub import NotificationHub
+from ductor_streams.store import Store, encode_batch
+from ductor_streams.store.append import committed_records
+from ductor_streams.store.read import read_page
+from tests.live.test_followers import add, drain, new_stream
+
+
+@pytest.fixture
+async def hub(database_url: str):  # type: ignore[no-untyped-def]
+    hub = NotificationHub(database_url)
+    await hub.start()
+    try:
+        yield hub
+    finally:
+        await hub.close()
+
+
+def feeding_store(pool: asyncpg.Pool, followers: Followers) -> Store:
+    store = Store(pool)  # its own appender: the session's store stays unfed
+    store.appender.feed = followers
+    return store
+
+
+async def test_fed_records_arrive_without_a_read_exactly_as_read(pool, database_url, tenant):
+    # A hub that never LISTENs and no safety poll: only the feed can deliver.
+    followers = Followers(pool, NotificationHub(database_url), LiveSettings(poll_seconds=3600))
+    store = feeding_store(pool, followers)
+    ref = await new_stream(store, tenant)
+    await add(store, ref, ["before"])
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None
+    delivered = []
+    for payloads in (["a"], [{"b": [1, 2]}, "c"], [None]):
+        await add(store, ref, payloads)
+    while len(delivered) < 5:
+        item = await sub.next(5.0)
+        assert isinstance(item, list), item
+        delivered.extend(r for batch in item for r in batch.records)
+    assert [r.sequence for r in delivered] == [1, 2, 3, 4, 5]
+    assert follower.reads == 0 and follower.fed_batches == 3
+    # Exactly what a read returns: payload text, size, appended_at, object.
+    page = await read_page(pool, ref.stream_pk, 0, 10)
+    assert delivered == page.records
+    followers.release(ref.stream_pk, sub)
+
+
+async def test_a_stream_nobody_follows_is_not_fed(pool, database_url, tenant):
+    followers = Followers(pool, NotificationHub(database_url))
+    store = feeding_store(pool, followers)
+    calls: list[int] = []
+    followers.committed = lambda pk, records: calls.append(pk)  # type: ignore[method-assign]
+    ref = await new_stream(store, tenant)
+    await add(store, ref, ["x"])
+    assert calls == []
+
+
+def test_records_with_an_object_are_left_to_the_read() -> None:
+    loop = asyncio.new_event_loop()
+    try:
+        future = loop.create_future()
+        at = datetime(2026, 1, 1, tzinfo=UTC)
+        plain = encode_batch(["a", "b"], idempotency_key=None)
+        records = committed_records([(plain, future)], [("appended", 4, 5)], at)
+        assert [(r.sequence, r.payload, r.size, r.appended_at) for r in records] == [
+            (4, '"a"', 3, at),
+            (5, '"b"', 3, at),
+        ]
+        # A replayed or refused request appended nothing.
+        assert committed_records([(plain, future)], [("replayed", 4, 5)], at) == []
+        assert committed_records([(plain, future)], [("stream_closed", None, None)], at) == []
+        with_object = plain.__class__(
+            payloads=['"o"'],
+            sizes=[3],
+            objects=['{"id": "x"}'],
+            idempotency_key=None,
+            request_hash="h",
+        )
+        both = [(plain, future), (with_object, future)]
+        assert committed_records(both, [("appended", 1, 2), ("appended", 3, 3)], at) == []
+    finally:
+        loop.close()
+
+
+async def test_a_fed_batch_that_does_not_follow_on_waits_for_the_read(pool, database_url, tenant):
+    # A hub that never LISTENs: the wakes are delivered by hand below.
+    hub = NotificationHub(database_url)
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
+    ours = feeding_store(pool, followers)
+    other = Store(pool)  # another process: it commits and announces, it never feeds
+    ref = await new_stream(ours, tenant)
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None
+    assert await add(other, ref, ["theirs"]) == 1
+    assert await add(ours, ref, ["ours"]) == 2  # fed, but sequence 1 was never read
+    assert await sub.next(0.2) is None  # nothing skipped ahead of sequence 1
+    assert follower.fed_batches == 0 and follower.reads == 0
+    hub._wake(ref.stream_pk)  # the wake of either commit
+    got: list[int] = []
+    await drain(sub, got, 2)
+    assert got == [1, 2] and sub.gaps == 0
+    assert follower.reads == 1
+    followers.release(ref.stream_pk, sub)
+
+
+async def test_fed_batches_racing_reads_and_another_writer_deliver_each_record_once(
+    pool, database_url, hub, tenant
+):
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
+    ours = feeding_store(pool, followers)
+    other = Store(pool)
+    ref = await new_stream(ours, tenant)
+    subs = [await followers.subscribe(ref.stream_pk, 0) for _ in range(3)]
+    received: list[list[int]] = [[] for _ in subs]
+
+    async def write(store: Store, tag: str) -> None:
+        for i in range(40):
+            await store.append(ref, encode_batch([f"{tag}{i}"] * (1 + i % 3), idempotency_key=None))
+
+    await asyncio.gather(*(write(ours, f"o{n}") for n in range(4)), write(other, "t"))
+    latest = await pool.fetchval(
+        "SELECT latest_sequence FROM workflow_streams.streams WHERE stream_pk = $1", ref.stream_pk
+    )
+    assert latest == 5 * (14 * 1 + 13 * 2 + 13 * 3)
+    await asyncio.gather(*(drain(s, got, latest) for s, got in zip(subs, received, strict=True)))
+    for got, sub in zip(received, subs, strict=True):
+        assert got == list(range(1, latest + 1))
+        assert sub.gaps == 0 and sub.overflows == 0
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None and follower.fed_batches > 0
+    for s in subs:
+        followers.release(ref.stream_pk, s)
