@@ -142,12 +142,22 @@ class StreamFollower:
 
     async def _deliver_fed(self) -> None:
         while self._fed and not self._stopped:
-            records = self._fed.popleft()
-            fresh = [r for r in records if r.sequence > self.last_read]
-            if not fresh or fresh[0].sequence != self.last_read + 1:
-                continue  # read already, or another writer's records come first
-            await self._fan_out(LiveBatch(fresh, fresh[-1].sequence, False))
-            self.last_read = fresh[-1].sequence
+            # Everything fed meanwhile goes out as one batch: under load (a fan-out to
+            # many subscribers takes a while) one write per subscriber carries several
+            # appends, as one read after several wakes would.
+            records: list[Record] = []
+            expected = self.last_read + 1
+            while self._fed:
+                fed = [r for r in self._fed.popleft() if r.sequence >= expected]
+                if fed and fed[0].sequence == expected:
+                    records.extend(fed)
+                    expected = fed[-1].sequence + 1
+                # else: read already, or another writer's records come first (the
+                # wake's read delivers them and these)
+            if not records:
+                return
+            await self._fan_out(LiveBatch(records, records[-1].sequence, False))
+            self.last_read = records[-1].sequence
             self.fed_batches += 1
             LIVE_FED.inc()
 

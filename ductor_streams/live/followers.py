@@ -22,6 +22,9 @@ from ductor_streams.schema import QUERIES
 from ductor_streams.store.models import Page, Record
 from ductor_streams.store.read import read_page
 
+# See ``Followers.follows``.
+FEED_MAX_SUBSCRIBERS = 128
+
 
 class Followers:
     """Subscriptions of this process, one follower per followed stream."""
@@ -84,8 +87,16 @@ class Followers:
             del self._followers[stream_pk]
 
     def follows(self, stream_pk: int) -> bool:
-        """Whether this process follows the stream (``store.append.CommitFeed``)."""
-        return stream_pk in self._followers
+        """Whether this process follows the stream with few enough subscribers to take
+        its own appends fed (``store.append.CommitFeed``).
+
+        With more than ``FEED_MAX_SUBSCRIBERS`` the follower reads instead: a fan-out
+        that long is CPU-bound, and the records committed during a read go out together
+        (measured at 1,000 subscribers and 200 appends/s: p50 30-33 ms with reads
+        against 41-43 ms fed; at 100 subscribers fed wins, 1.97-2.22 ms against 2.1-2.7).
+        """
+        follower = self._followers.get(stream_pk)
+        return follower is not None and follower.subscriber_count <= FEED_MAX_SUBSCRIBERS
 
     def committed(self, stream_pk: int, records: list[Record]) -> None:
         """Records this process has just committed: its follower fans them out without

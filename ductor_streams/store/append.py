@@ -272,11 +272,6 @@ class Appender:
         notify_inline: bool,
         appended_at: datetime,
     ) -> None:
-        feed = self.feed
-        if feed is not None and feed.follows(stream_pk):
-            records = committed_records(group, outcomes, appended_at)
-            if records:
-                feed.committed(stream_pk, records)
         if not notify_inline and any(outcome[0] == "appended" for outcome in outcomes):
             # The statement returned, so its transaction has committed. When other
             # statements are in flight or queued, this wake may share their wake's.
@@ -286,6 +281,13 @@ class Appender:
         for (_, future), outcome in zip(group, outcomes, strict=True):
             if not future.done():
                 future.set_result(outcome)
+        # After the answers: their tasks run first, so a fan-out to many local
+        # subscribers does not hold the appends' own responses back.
+        feed = self.feed
+        if feed is not None and feed.follows(stream_pk):
+            records = committed_records(group, outcomes, appended_at)
+            if records:
+                feed.committed(stream_pk, records)
 
     async def _call(
         self, stream_pk: int, batches: list[EncodedBatch], notify_inline: bool = False
