@@ -52,19 +52,10 @@ class _Conn(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.buffer += data
         while True:
-            end = self.buffer.find(b"\r\n\r\n")
-            if end < 0:
+            response = first_response(self.buffer)
+            if response is None:
                 return
-            head = bytes(self.buffer[:end])
-            length = 0
-            for line in head.split(b"\r\n")[1:]:
-                name, _, value = line.partition(b":")
-                if name.strip().lower() == b"content-length":
-                    length = int(value)
-            total = end + 4 + length
-            if len(self.buffer) < total:
-                return
-            status = int(head[9:12])
+            status, _, total = response
             del self.buffer[:total]
             self.stats.record(status, time.perf_counter_ns() - self.sent_at)
             self._send()
@@ -72,6 +63,23 @@ class _Conn(asyncio.Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.closed.done():
             self.closed.set_result(None)
+
+
+def first_response(buffer: bytearray) -> tuple[int, int, int] | None:
+    """The first complete response (with a Content-Length) in ``buffer``: its status,
+    where its body starts and where it ends; None until all of it has arrived."""
+    end = buffer.find(b"\r\n\r\n")
+    if end < 0:
+        return None
+    head = bytes(buffer[:end])
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    if len(buffer) < end + 4 + length:
+        return None
+    return int(head[9:12]), end + 4, end + 4 + length
 
 
 class _Stats:

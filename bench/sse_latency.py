@@ -46,6 +46,7 @@ import httpx
 import psutil
 import uvloop
 
+from bench.loadgen import first_response
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from ductor_streams.schema.migrate import migrate
@@ -170,22 +171,15 @@ class _Answer(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         self.buffer += data
-        end = self.buffer.find(b"\r\n\r\n")
-        if end < 0:
+        response = first_response(self.buffer)
+        if response is None:
             return
-        head = bytes(self.buffer[:end])
-        length = 0
-        for line in head.split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            if name.strip().lower() == b"content-length":
-                length = int(value)
-        if len(self.buffer) < end + 4 + length:
-            return
-        body = bytes(self.buffer[end + 4 : end + 4 + length])
-        del self.buffer[: end + 4 + length]
+        status, start, end = response
+        body = bytes(self.buffer[start:end])
+        del self.buffer[:end]
         answer, self.answer = self.answer, None
         if answer is not None:
-            answer.set_result((int(head[9:12]), body))
+            answer.set_result((status, body))
 
     def connection_lost(self, exc: Exception | None) -> None:
         if self.answer is not None and not self.answer.done():

@@ -9,7 +9,6 @@ import asyncio
 from datetime import UTC, datetime
 
 import asyncpg
-import pytest
 
 from ductor_streams.live import followers as followers_module
 from ductor_streams.live.config import LiveSettings
@@ -19,16 +18,6 @@ from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.append import committed_records
 from ductor_streams.store.read import read_page
 from tests.live.test_followers import add, drain, new_stream
-
-
-@pytest.fixture
-async def hub(database_url: str):  # type: ignore[no-untyped-def]
-    hub = NotificationHub(database_url)
-    await hub.start()
-    try:
-        yield hub
-    finally:
-        await hub.close()
 
 
 def feeding_store(pool: asyncpg.Pool, followers: Followers) -> Store:
