@@ -17,7 +17,8 @@ Postgres cost, over the producing window: the server's live-delivery reads per a
 (``ductor_streams_live_reads_total`` from its /metrics: ``follower`` reads are one per
 wake per stream, ``subscriber`` reads are backfills, overflow catch-ups and gap repairs)
 and the largest number of connections to the database seen (pool + the one LISTEN
-connection). Neither may grow with the number of subscribers.
+connection). Neither may grow with the number of subscribers. ``fed/app``: batches of the
+server's own appends fanned out without a read, per append (docs/live.md).
 
 Baseline in the same run: raw ``pg_notify`` commit -> asyncpg listener callback.
 The database is a fresh one created on the given server (default
@@ -283,10 +284,17 @@ class _Connections:
 _READS = re.compile(r'^ductor_streams_live_reads_total\{kind="(\w+)"\} (\S+)$', re.MULTILINE)
 
 
+_FED = re.compile(r"^ductor_streams_live_fed_batches_total (\S+)$", re.MULTILINE)
+
+
 async def live_reads(client: httpx.AsyncClient) -> dict[str, float]:
-    """The server's Postgres reads for live delivery so far, by kind (from /metrics)."""
+    """The server's Postgres reads for live delivery so far, by kind, and (as ``fed``)
+    the batches of its own appends it fanned out without a read (from /metrics)."""
     text = (await client.get("/metrics")).text
-    return {kind: float(value) for kind, value in _READS.findall(text)}
+    counts = {kind: float(value) for kind, value in _READS.findall(text)}
+    fed = _FED.search(text)
+    counts["fed"] = float(fed[1]) if fed else 0.0
+    return counts
 
 
 async def one_run(
@@ -403,6 +411,9 @@ async def one_run(
             )
             for kind in ("follower", "subscriber")
         },
+        "fed_batches_per_append": round(
+            (reads_after.get("fed", 0) - reads_before.get("fed", 0)) / total, 3
+        ),
         "max_server_connections": connections.peak,
         "server_cpu_share": round(server_cpu / produced_in, 3),
         "client_cpu_share": round(clients_cpu / produced_in, 3),
@@ -499,14 +510,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'subs':>5} {'rate/s':>7} {'deliveries':>10} {'missing':>7} {'p50 ms':>7} "
-        f"{'p99 ms':>7} {'max ms':>7} {'ans p50':>7} {'follower/app':>12} {'subscriber/app':>14} "
+        f"{'p99 ms':>7} {'max ms':>7} {'ans p50':>7} {'fed/app':>7} {'follower/app':>12} "
+        f"{'subscriber/app':>14} "
         f"{'pg conns':>8} {'srv cpu':>7} {'cli cpu':>7}"
     )
     for row in result["runs"]:
         print(
             f"{row['subscribers']:>5} {row['achieved_rate']:>7} {row['deliveries']:>10} "
             f"{row['missing']:>7} {row['p50_ms']:>7} {row['p99_ms']:>7} {row['max_ms']:>7} "
-            f"{row['append_p50_ms']:>7} {row['follower_reads_per_append']:>12} "
+            f"{row['append_p50_ms']:>7} {row['fed_batches_per_append']:>7} "
+            f"{row['follower_reads_per_append']:>12} "
             f"{row['subscriber_reads_per_append']:>14} "
             f"{row['max_server_connections']:>8} {row['server_cpu_share']:>7} "
             f"{row['client_cpu_share']:>7}"

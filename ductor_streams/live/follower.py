@@ -17,7 +17,11 @@ returned (store/append.py): a fed batch that follows on from ``last_read`` is fa
 out like a read's, without the read. It obeys the same rule (committed before it is
 fanned out to everyone registered then), so it moves ``last_read`` just as a read
 does. Anything else fed (another process appended in between) is dropped: the wake
-every commit still sends brings a read, which delivers it.
+every commit still sends brings a read, which delivers it. While a statement of this
+process appends to the stream, a wake's read waits for it to end (its wake often
+arrives before its own answer, and the read would then deliver its records a round trip
+later than the feed): the read still happens, right after, and the safety poll reads
+regardless.
 """
 
 from __future__ import annotations
@@ -71,6 +75,7 @@ class StreamFollower:
         self._wake = asyncio.Event()
         self._must_read = False  # a wake came (or the poll ran out) since the last read
         self._fed: deque[list[Record]] = deque()
+        self._own_appends = 0  # statements of this process appending to the stream now
         self._stopped = False
         self._unwatch: Callable[[], None] | None = None
         self._task: asyncio.Task[None] | None = None
@@ -113,23 +118,34 @@ class StreamFollower:
             self._fed.append(records)
             self._wake.set()
 
+    def own_append(self, underway: bool) -> None:
+        """A statement of this process appending to the stream starts or has ended."""
+        if underway:
+            self._own_appends += 1
+        else:
+            # A follower started while the statement was in flight never saw it start.
+            self._own_appends = max(0, self._own_appends - 1)
+            if self._must_read and not self._own_appends:
+                self._wake.set()
+
     def _on_wake(self, _stream_pk: int) -> None:
         self._must_read = True
         self._wake.set()
 
     async def _run(self) -> None:
         while True:
+            polled = False
             try:
                 await asyncio.wait_for(self._wake.wait(), self._poll_seconds)
             except TimeoutError:
                 # A safety net: a wake lost between commit and LISTEN costs a delay only.
-                self._must_read = True
+                self._must_read = polled = True
             self._wake.clear()
             if self._stopped:
                 return
             try:
                 await self._deliver_fed()
-                if self._must_read:
+                if self._must_read and (polled or not self._own_appends):
                     self._must_read = False
                     await self._read_new()
             except Exception:

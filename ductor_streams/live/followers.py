@@ -105,6 +105,13 @@ class Followers:
         if follower is not None:
             follower.feed(records)
 
+    def appending(self, stream_pk: int, underway: bool) -> None:
+        """A statement of this process appending to the stream starts or has ended
+        (``store.append.CommitFeed``): its follower holds a wake's read back meanwhile."""
+        follower = self._followers.get(stream_pk)
+        if follower is not None:
+            follower.own_append(underway)
+
     def follower(self, stream_pk: int) -> StreamFollower | None:
         return self._followers.get(stream_pk)
 

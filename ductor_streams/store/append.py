@@ -98,6 +98,10 @@ class CommitFeed(Protocol):
     def committed(self, stream_pk: int, records: list[Record]) -> None:
         """Consecutive records of one stream, committed; must not block."""
 
+    def appending(self, stream_pk: int, underway: bool) -> None:
+        """A statement appending to the stream starts (True) or has ended (False):
+        whatever it committed has been handed to ``committed`` by then."""
+
 
 def outcome_to_result(outcome: Outcome) -> AppendResult:
     """Map the append function's outcome for one request to a result or a domain error."""
@@ -196,6 +200,11 @@ class Appender:
         return False
 
     async def _run(self, groups: list[tuple[int, list[Item]]], notify_inline: bool) -> None:
+        # Local followers of these streams learn that records of theirs are on the way,
+        # so they do not read Postgres for this commit's wake before it is fed to them.
+        feed = self.feed
+        followed = [pk for pk, _ in groups if feed.follows(pk)] if feed is not None else []
+        self._tell_appending(followed, True)
         try:
             if len(groups) == 1:
                 await self._run_group(*groups[0], notify_inline=notify_inline)
@@ -218,6 +227,7 @@ class Appender:
                     _settle(lane.pending.popleft()[1], exc)
             raise
         finally:
+            self._tell_appending(followed, False)
             self._in_flight -= 1
             for stream_pk, _ in groups:
                 lane = self._lanes.get(stream_pk)
@@ -229,6 +239,11 @@ class Appender:
                 else:
                     del self._lanes[stream_pk]
             self._dispatch()
+
+    def _tell_appending(self, streams: list[int], underway: bool) -> None:
+        if self.feed is not None:
+            for stream_pk in streams:
+                self.feed.appending(stream_pk, underway)
 
     async def _run_groups(self, groups: list[tuple[int, list[Item]]], notify_inline: bool) -> None:
         """Several streams' groups in one transaction, or each alone if that fails."""

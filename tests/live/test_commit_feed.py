@@ -178,3 +178,42 @@ async def test_fed_batches_racing_reads_and_another_writer_deliver_each_record_o
     assert follower is not None and follower.fed_batches > 0
     for s in subs:
         followers.release(ref.stream_pk, s)
+
+
+async def test_a_wake_during_an_own_append_is_read_after_it(pool, database_url, tenant):
+    # The hub never LISTENs: wakes are delivered by hand.
+    hub = NotificationHub(database_url)
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
+    other = Store(pool)  # another process's appends: committed, never fed
+    ref = await new_stream(other, tenant)
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None
+    followers.appending(ref.stream_pk, True)  # a statement of ours is in flight
+    assert await add(other, ref, ["theirs"]) == 1
+    hub._wake(ref.stream_pk)
+    assert await sub.next(0.2) is None  # the read waits for our statement's end
+    assert follower.reads == 0
+    assert await add(other, ref, ["ours, as if"]) == 2  # what our statement committed
+    ours = (await read_page(pool, ref.stream_pk, 1, 10)).records
+    followers.committed(ref.stream_pk, ours)  # fed, but 1 was never delivered: dropped
+    followers.appending(ref.stream_pk, False)
+    got: list[int] = []
+    await drain(sub, got, 2)
+    assert got == [1, 2] and follower.reads == 1 and sub.gaps == 0
+    followers.release(ref.stream_pk, sub)
+
+
+async def test_the_safety_poll_reads_even_while_an_own_append_seems_in_flight(
+    pool, database_url, tenant
+):
+    followers = Followers(pool, NotificationHub(database_url), LiveSettings(poll_seconds=0.2))
+    other = Store(pool)
+    ref = await new_stream(other, tenant)
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    followers.appending(ref.stream_pk, True)  # and never ends
+    await add(other, ref, ["x"])
+    got: list[int] = []
+    await drain(sub, got, 1)
+    assert got == [1]
+    followers.release(ref.stream_pk, sub)
