@@ -6,6 +6,7 @@ import uvicorn
 
 from ductor_streams.config import Settings
 from ductor_streams.http import create_app
+from ductor_streams.http.protocol import HeadHoldingHttpToolsProtocol
 from ductor_streams.logs import configure_logging
 from ductor_streams.workers import worker_services
 
@@ -21,7 +22,7 @@ def serve(settings: Settings, *, host: str, port: int, workers: bool) -> int:
         host=host,
         port=port,
         loop="uvloop",
-        http="httptools",
+        http=HeadHoldingHttpToolsProtocol,
         log_level="warning",
         access_log=False,
         lifespan="on",
