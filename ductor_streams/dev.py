@@ -196,6 +196,7 @@ async def _serve(settings: Settings, port: int, temporal_ui: str | None) -> None
     import uvicorn
 
     from ductor_streams.http import create_app
+    from ductor_streams.http.protocol import HeadHoldingHttpToolsProtocol
     from ductor_streams.schema.migrate import migrate
     from ductor_streams.workers import worker_services
 
@@ -209,6 +210,7 @@ async def _serve(settings: Settings, port: int, temporal_ui: str | None) -> None
             host="127.0.0.1",
             port=port,
             loop="asyncio",
+            http=HeadHoldingHttpToolsProtocol,  # as `serve` (serve.py)
             log_level="warning",
             access_log=False,
             lifespan="on",
