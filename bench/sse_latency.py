@@ -64,12 +64,43 @@ PRODUCER_CONNECTIONS = 8
 # -- subscribers (child process) ------------------------------------------------------------
 
 
-class _SseClient(asyncio.Protocol):
-    """A minimal SSE reader: the receive time of every ``id:`` line, by sequence."""
+class _PollClock:
+    """When the event loop found the current batch of readable sockets: the first
+    callback of a batch takes the time, and it is cleared once the batch has been
+    handled (a ``call_soon`` callback runs after the loop's I/O callbacks). Every socket
+    of the batch already held its data then, so this is its arrival time without the
+    time this process spent on the sockets before it in the batch."""
 
-    def __init__(self, request: bytes, times: array.array[float], done: asyncio.Future[None]):
+    def __init__(self) -> None:
+        self._now: float | None = None
+
+    def now(self) -> float:
+        if self._now is None:
+            self._now = time.monotonic()
+            asyncio.get_running_loop().call_soon(self._clear)
+        return self._now
+
+    def _clear(self) -> None:
+        self._now = None
+
+
+class _SseClient(asyncio.Protocol):
+    """A minimal SSE reader: the receive time of every ``id:`` line, by sequence, both
+    when its callback ran (``times``) and when the loop found its socket readable
+    (``poll_times``, see ``_PollClock``)."""
+
+    def __init__(
+        self,
+        request: bytes,
+        times: array.array[float],
+        poll_times: array.array[float],
+        clock: _PollClock,
+        done: asyncio.Future[None],
+    ):
         self.request = request
         self.times = times
+        self.poll_times = poll_times
+        self.clock = clock
         self.done = done
         self.headers_seen = asyncio.get_running_loop().create_future()
         self._head = b""
@@ -80,6 +111,7 @@ class _SseClient(asyncio.Protocol):
         transport.write(self.request)  # type: ignore[attr-defined]
 
     def data_received(self, data: bytes) -> None:
+        polled = self.clock.now()
         now = time.monotonic()
         if not self._in_body:
             self._head += data
@@ -103,6 +135,7 @@ class _SseClient(asyncio.Protocol):
             sequence = int(match.group(1))
             if sequence < len(times) and times[sequence] == 0.0:
                 times[sequence] = now
+                self.poll_times[sequence] = polled
         if _END in complete and not self.done.done():
             self.done.set_result(None)
 
@@ -122,11 +155,17 @@ async def _subscribers(
         "Accept: text/event-stream\r\n\r\n"
     ).encode()
     all_times = [array.array("d", bytes(8 * capacity)) for _ in range(count)]
+    all_poll_times = [array.array("d", bytes(8 * capacity)) for _ in range(count)]
+    clock = _PollClock()
     clients: list[tuple[asyncio.Transport, _SseClient]] = []
     for i in range(count):
         done: asyncio.Future[None] = loop.create_future()
         transport, protocol = await loop.create_connection(
-            lambda i=i, done=done: _SseClient(request, all_times[i], done), host, port
+            lambda i=i, done=done: _SseClient(
+                request, all_times[i], all_poll_times[i], clock, done
+            ),
+            host,
+            port,
         )
         clients.append((transport, protocol))  # type: ignore[arg-type]
         if i % 100 == 99:
@@ -136,7 +175,7 @@ async def _subscribers(
     await asyncio.wait_for(asyncio.gather(*(p.done for _, p in clients)), timeout=600)
     for transport, _ in clients:
         transport.close()
-    return all_times
+    return all_times + all_poll_times
 
 
 def _subscriber_process(
@@ -380,6 +419,7 @@ async def one_run(
         r.raise_for_status()
 
         latencies: list[float] = []
+        poll_latencies: list[float] = []
         missing = 0
         for child, parent_end in children:
             ready = await asyncio.to_thread(parent_end.poll, 600)
@@ -388,14 +428,18 @@ async def one_run(
             answer = parent_end.recv()
             if isinstance(answer, str):
                 raise RuntimeError(f"subscribers failed: {answer}")
-            for raw in answer:
+            # The callback times of each subscriber, then the poll times of each.
+            half = len(answer) // 2
+            for k, raw in enumerate(answer):
                 times = array.array("d")
                 times.frombytes(raw)
                 for sequence in range(1, total + 1):
                     if times[sequence] == 0.0:
-                        missing += 1
-                    else:
+                        missing += k < half  # the same record is missing from both
+                    elif k < half:
                         latencies.append(times[sequence] - starts[sequence])
+                    else:
+                        poll_latencies.append(times[sequence] - starts[sequence])
             child.join(30)
     return {
         "subscribers": subscribers,
@@ -405,6 +449,11 @@ async def one_run(
         "missing": missing,
         **{k: round(v, 2) for k, v in _percentiles(latencies).items()},
         "append_p50_ms": round(_percentiles(answered)["p50_ms"], 2),
+        **{
+            f"poll_{k}": round(v, 2)
+            for k, v in _percentiles(poll_latencies).items()
+            if k != "max_ms"
+        },
         **{
             f"{kind}_reads_per_append": round(
                 (reads_after.get(kind, 0) - reads_before.get(kind, 0)) / total, 3
@@ -510,7 +559,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(
         f"{'subs':>5} {'rate/s':>7} {'deliveries':>10} {'missing':>7} {'p50 ms':>7} "
-        f"{'p99 ms':>7} {'max ms':>7} {'ans p50':>7} {'fed/app':>7} {'follower/app':>12} "
+        f"{'p99 ms':>7} {'max ms':>7} {'sock p50':>8} {'sock p99':>8} {'ans p50':>7} "
+        f"{'fed/app':>7} {'follower/app':>12} "
         f"{'subscriber/app':>14} "
         f"{'pg conns':>8} {'srv cpu':>7} {'cli cpu':>7}"
     )
@@ -518,6 +568,7 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"{row['subscribers']:>5} {row['achieved_rate']:>7} {row['deliveries']:>10} "
             f"{row['missing']:>7} {row['p50_ms']:>7} {row['p99_ms']:>7} {row['max_ms']:>7} "
+            f"{row['poll_p50_ms']:>8} {row['poll_p99_ms']:>8} "
             f"{row['append_p50_ms']:>7} {row['fed_batches_per_append']:>7} "
             f"{row['follower_reads_per_append']:>12} "
             f"{row['subscriber_reads_per_append']:>14} "
