@@ -24,13 +24,13 @@ class _HeadHoldingTransport:
         self._loop = loop
         self._held: bytes | None = None
 
-    def write(self, data: bytes | bytearray | memoryview) -> None:
+    def write(self, data: bytes) -> None:  # uvicorn writes bytes
         held = self._held
         if held is not None:
             self._held = None
-            self._transport.write(held + bytes(data))
-        elif data[:5] == b"HTTP/" and data[-4:] == b"\r\n\r\n":
-            self._held = bytes(data)
+            self._transport.write(held + data)
+        elif data.startswith(b"HTTP/") and data.endswith(b"\r\n\r\n"):
+            self._held = data
             self._loop.call_soon(self._flush)
         else:
             self._transport.write(data)
