@@ -293,16 +293,18 @@ class Appender:
             self.wakes.announce(
                 f"r{stream_pk}", more_coming=self._in_flight > 1 or bool(self._ready)
             )
-        for (_, future), outcome in zip(group, outcomes, strict=True):
-            if not future.done():
-                future.set_result(outcome)
-        # After the answers: their tasks run first, so a fan-out to many local
-        # subscribers does not hold the appends' own responses back.
+        # Fed before the answers are set: the follower's fan-out still runs after the
+        # requests' tasks have answered (its wait is a task hop further), but starts a
+        # turn sooner (7 interleaved pairs at 100 subscribers: SSE p50 median 1.75 ms
+        # against 1.92 fed after the answers; the answers' own p50 2.20 against 2.34).
         feed = self.feed
         if feed is not None and feed.follows(stream_pk):
             records = committed_records(group, outcomes, appended_at)
             if records:
                 feed.committed(stream_pk, records)
+        for (_, future), outcome in zip(group, outcomes, strict=True):
+            if not future.done():
+                future.set_result(outcome)
 
     async def _call(
         self, stream_pk: int, batches: list[EncodedBatch], notify_inline: bool = False
