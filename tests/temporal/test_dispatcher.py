@@ -5,6 +5,7 @@ logic), and a completed or missing workflow ending as `dead` (real Temporal)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections import defaultdict
@@ -71,8 +72,12 @@ async def test_two_dispatchers_deliver_each_record_once_in_order(
     tenant = f"d-{uuid.uuid4().hex[:8]}"
     refs = [await input_stream(store, tenant, f"run-{i}") for i in range(6)]
     wait = RecordingWaitService(delay=0.001)
-    first = Dispatcher(pool, wait, tenant=tenant, owner="one", config=FAST)
-    second = Dispatcher(pool, wait, tenant=tenant, owner="two", config=FAST)
+    # Each claims at most 3 of the 6 streams per round, so whichever polls second always
+    # finds streams the other holds no lease on: both take part however fast the appends
+    # are (with no cap, one dispatcher could take every stream round after round).
+    shared = dataclasses.replace(FAST, max_streams=3)
+    first = Dispatcher(pool, wait, tenant=tenant, owner="one", config=shared)
+    second = Dispatcher(pool, wait, tenant=tenant, owner="two", config=shared)
     tasks = [asyncio.create_task(d.run()) for d in (first, second)]
     try:
         # Appends race with both dispatchers' claims.
