@@ -192,7 +192,7 @@ def _subscriber_process(
 # -- producer (this process) -------------------------------------------------------------------
 
 
-class _Answer(asyncio.Protocol):
+class RawConnection(asyncio.Protocol):
     """One keep-alive connection for the producer: one request at a time, raw bytes."""
 
     def __init__(self) -> None:
@@ -226,7 +226,7 @@ class _Answer(asyncio.Protocol):
             self.answer.set_exception(exc or ConnectionError("closed"))
 
 
-class _Producer:
+class Producer:
     """Appends over a few keep-alive raw connections (requests built from bytes: the
     producer must not add its own milliseconds to the latency it measures)."""
 
@@ -236,12 +236,12 @@ class _Producer:
             f"POST {path} HTTP/1.1\r\nHost: {host}:{port}\r\nAuthorization: Bearer {token}\r\n"
             "Content-Type: application/json\r\nContent-Length: "
         ).encode()
-        self._free: asyncio.Queue[_Answer] = asyncio.Queue()
+        self._free: asyncio.Queue[RawConnection] = asyncio.Queue()
 
     async def connect(self, connections: int) -> None:
         loop = asyncio.get_running_loop()
         for _ in range(connections):
-            _, protocol = await loop.create_connection(_Answer, self._host, self._port)
+            _, protocol = await loop.create_connection(RawConnection, self._host, self._port)
             self._free.put_nowait(protocol)
 
     async def append(self, i: int) -> tuple[float, float, int]:
@@ -394,7 +394,7 @@ async def one_run(
         stop = asyncio.Event()
         sampler = asyncio.create_task(connections.sample(stop))
 
-        producer = _Producer("127.0.0.1", server.port, stream + "/records", token)
+        producer = Producer("127.0.0.1", server.port, stream + "/records", token)
         await producer.connect(PRODUCER_CONNECTIONS)
 
         async def one_append(i: int) -> None:
