@@ -33,12 +33,12 @@ from typing import Any
 import httpx
 
 from bench.environment import (
+    bench_token,
     isolated_database,
     postgres_server,
     process_cpu_seconds,
     service,
 )
-from ductor_streams.auth import issue_token
 from ductor_streams.schema.migrate import migrate
 
 API = "/api/workflow-streams"
@@ -288,14 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(migrate(dsn))
         with service(dsn) as (server, settings):
             assert settings.jwt_secret is not None
-            token = issue_token(
-                settings.jwt_secret,
-                sub="bench",
-                tenant="bench",
-                scopes=["streams:write", "streams:admin", "streams:read"],
-                runs=["*"],
-                ttl_seconds=24 * 3600,
-            )
+            token = bench_token(settings.jwt_secret)
             headers = {"Authorization": f"Bearer {token}"}
             for run in range(args.runs):
                 for shape in wanted:

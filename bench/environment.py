@@ -10,6 +10,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from tests.support.postgres import create_database, drop_database
 from tests.support.server import ServerProcess
@@ -55,6 +56,19 @@ def service(dsn: str) -> Iterator[tuple[ServerProcess, Settings]]:
         log_path = Path(log.name)
     with ServerProcess(settings, log_path=log_path) as server:
         yield server, settings
+
+
+def bench_token(secret: str) -> str:
+    """A bearer token for the benchmarks: read, write and admin on every run of tenant
+    ``bench``, valid for a day."""
+    return issue_token(
+        secret,
+        sub="bench",
+        tenant="bench",
+        scopes=["streams:read", "streams:write", "streams:admin"],
+        runs=["*"],
+        ttl_seconds=24 * 3600,
+    )
 
 
 def process_cpu_seconds(pid: int) -> float:

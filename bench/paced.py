@@ -25,9 +25,8 @@ import asyncpg
 import httpx
 import uvloop
 
-from bench.environment import isolated_database, postgres_server, service
+from bench.environment import bench_token, isolated_database, postgres_server, service
 from bench.sse_latency import Producer, RawConnection
-from ductor_streams.auth import issue_token
 from ductor_streams.schema import QUERIES
 from ductor_streams.schema.migrate import migrate
 from tests.support.server import ServerProcess
@@ -105,14 +104,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(migrate(dsn))
         with service(dsn) as (server, settings):
             assert settings.jwt_secret is not None
-            token = issue_token(
-                settings.jwt_secret,
-                sub="bench",
-                tenant="bench",
-                scopes=["streams:write", "streams:admin", "streams:read"],
-                runs=["*"],
-                ttl_seconds=3600,
-            )
+            token = bench_token(settings.jwt_secret)
             uvloop.run(run(dsn, server, token, args))
     return 0
 

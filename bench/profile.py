@@ -23,8 +23,7 @@ import uuid
 from pathlib import Path
 
 from bench.append import API, PAYLOAD, SHAPES, _create_streams
-from bench.environment import isolated_database, postgres_server, service
-from ductor_streams.auth import issue_token
+from bench.environment import bench_token, isolated_database, postgres_server, service
 from ductor_streams.schema.migrate import migrate
 
 
@@ -68,13 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         asyncio.run(migrate(dsn))
         with service(dsn) as (server, settings), tempfile.TemporaryDirectory() as tmp:
             assert settings.jwt_secret is not None and server.process is not None
-            token = issue_token(
-                settings.jwt_secret,
-                sub="bench",
-                tenant="bench",
-                scopes=["streams:write", "streams:admin"],
-                runs=["*"],
-            )
+            token = bench_token(settings.jwt_secret)
             headers = {"Authorization": f"Bearer {token}"}
             run_id = f"profile-{uuid.uuid4().hex[:8]}"
             streams = _create_streams(server.url, headers, run_id, shape)

@@ -47,8 +47,8 @@ import httpx
 import psutil
 import uvloop
 
+from bench.environment import bench_token
 from bench.loadgen import first_response
-from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from ductor_streams.schema.migrate import migrate
 from tests.support.postgres import create_database, drop_database
@@ -495,14 +495,7 @@ async def run(
             jwt_secret=secret,
             object_stores={"local": Path(tempfile.mkdtemp(prefix="ds-bench-")).as_uri()},
         )
-        token = issue_token(
-            secret,
-            sub="bench",
-            tenant="bench",
-            scopes=["streams:read", "streams:write", "streams:admin"],
-            runs=["*"],
-            ttl_seconds=3600,
-        )
+        token = bench_token(secret)
         baseline = await notify_baseline(dsn)
         rows = []
         monitor = await asyncpg.connect(dsn)
