@@ -10,12 +10,20 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
+
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from tests.support.postgres import create_database, drop_database
 from tests.support.server import ServerProcess
 
 SERVER_ENV = ("DUCTOR_STREAMS_BENCH_DATABASE_URL", "DUCTOR_STREAMS_TEST_DATABASE_URL")
+
+
+# uvicorn closes a keep-alive connection after 5 s idle, and httpx keeps one for 5 s:
+# a request sent just as the server closes it fails (RemoteProtocolError, ReadError).
+# The benchmarks' clients idle for seconds while a load runs, so they let go sooner.
+HTTP_LIMITS = httpx.Limits(keepalive_expiry=1.0)
 
 
 @contextlib.contextmanager

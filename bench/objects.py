@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import psutil
 
+from bench.environment import HTTP_LIMITS
 from ductor_streams.config import Settings
 from ductor_streams.schema.migrate import migrate
 from tests.support.postgres import create_database, drop_database
@@ -153,7 +154,9 @@ async def _run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {_token(secret)}"}
         with ServerProcess(settings) as server:
             assert server.process is not None
-            async with httpx.AsyncClient(base_url=server.url, headers=headers, timeout=300) as http:
+            async with httpx.AsyncClient(
+                base_url=server.url, headers=headers, timeout=300, limits=HTTP_LIMITS
+            ) as http:
                 (
                     await http.post(
                         f"{API}/runs/bench-run/streams",

@@ -46,9 +46,9 @@ async def _median_ms(request: Request, calls: int, rate: float | None) -> float:
     return statistics.median(latencies) * 1000
 
 
-async def _not_found(server: ServerProcess) -> Request:
+async def _not_found(server: ServerProcess) -> tuple[Request, Callable[[], None]]:
     """A GET the service answers 404: the HTTP round trip and nothing else."""
-    _, conn = await asyncio.get_running_loop().create_connection(
+    transport, conn = await asyncio.get_running_loop().create_connection(
         RawConnection, "127.0.0.1", server.port
     )
     request = b"GET /no-such-page HTTP/1.1\r\nHost: bench\r\n\r\n"
@@ -57,7 +57,14 @@ async def _not_found(server: ServerProcess) -> Request:
         status, _ = await conn.send(request)
         assert status == 404, status
 
-    return get
+    return get, transport.close
+
+
+async def _appends(server: ServerProcess, token: str) -> tuple[Request, Callable[[], None]]:
+    """One-record HTTP appends on one raw keep-alive connection."""
+    producer = Producer("127.0.0.1", server.port, f"{API}/runs/paced/streams/s/records", token)
+    await producer.connect(1)
+    return producer.append, producer.close
 
 
 async def run(dsn: str, server: ServerProcess, token: str, args: argparse.Namespace) -> None:
@@ -68,29 +75,38 @@ async def run(dsn: str, server: ServerProcess, token: str, args: argparse.Namesp
             headers={"Authorization": f"Bearer {token}"},
         )
         created.raise_for_status()
-    producer = Producer("127.0.0.1", server.port, f"{API}/runs/paced/streams/s/records", token)
-    await producer.connect(1)
     conn = await asyncpg.connect(dsn)
     try:
         pk = await conn.fetchval("SELECT stream_pk FROM workflow_streams.streams")
         query = QUERIES["records_append_group"]
-        requests: list[tuple[str, Request]] = [
-            ("SELECT 1", lambda _i: conn.fetchval("SELECT 1")),
+
+        async def on_conn(request: Request) -> tuple[Request, Callable[[], None]]:
+            return request, lambda: None
+
+        # HTTP connections are opened per measurement: uvicorn closes a keep-alive
+        # connection idle for 5 s, as each is while the others are measured.
+        requests: list[tuple[str, Callable[[], Awaitable[tuple[Request, Callable[[], None]]]]]] = [
+            ("SELECT 1", lambda: on_conn(lambda _i: conn.fetchval("SELECT 1"))),
             (
                 "the append statement",
-                lambda _i: conn.fetch(query, pk, [1], [None], ["h"], '{"i":1}', "7", None, True),
+                lambda: on_conn(
+                    lambda _i: conn.fetch(query, pk, [1], [None], ["h"], '{"i":1}', "7", None, True)
+                ),
             ),
-            ("HTTP 404 (uvicorn + Litestar)", await _not_found(server)),
-            ("HTTP append", producer.append),
+            ("HTTP 404 (uvicorn + Litestar)", lambda: _not_found(server)),
+            ("HTTP append", lambda: _appends(server, token)),
         ]
         print(f"{'request':<32} {'back to back ms':>16} {f'paced {args.rate:g}/s ms':>18}")
         for _ in range(args.rounds):
-            for title, request in requests:
-                closed = await _median_ms(request, args.calls, None)
-                paced = await _median_ms(request, args.calls, args.rate)
+            for title, open_request in requests:
+                request, close = await open_request()
+                try:
+                    closed = await _median_ms(request, args.calls, None)
+                    paced = await _median_ms(request, args.calls, args.rate)
+                finally:
+                    close()
                 print(f"{title:<32} {closed:>16.3f} {paced:>18.3f}")
     finally:
-        producer.close()
         await conn.close()
 
 

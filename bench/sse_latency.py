@@ -47,7 +47,7 @@ import httpx
 import psutil
 import uvloop
 
-from bench.environment import bench_token
+from bench.environment import HTTP_LIMITS, bench_token
 from bench.loadgen import first_response
 from ductor_streams.config import Settings
 from ductor_streams.schema.migrate import migrate
@@ -352,7 +352,7 @@ async def one_run(
     total = int(rate * seconds)
     starts = [0.0] * (total + 1)
     answered: list[float] = []  # each append's own round trip, as the producer saw it
-    async with httpx.AsyncClient(base_url=server.url, timeout=30) as client:
+    async with httpx.AsyncClient(base_url=server.url, timeout=30, limits=HTTP_LIMITS) as client:
         r = await client.post(
             f"{API}/runs/{run_id}/streams",
             json={"stream_id": "s", "direction": "output"},

@@ -42,6 +42,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from bench.environment import HTTP_LIMITS
 from bench.temporal_workflows import CountWorkflow, SinkWorkflow
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
@@ -105,7 +106,9 @@ async def latency(
         url = f"{server.url}{API}/runs/{run_id}/streams/input/records"
         sent: dict[int, float] = {}
         answered: list[float] = []
-        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {token}"}) as http:
+        async with httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {token}"}, limits=HTTP_LIMITS
+        ) as http:
             for _ in range(500):  # the workflow creates its stream
                 if (await http.get(url.removesuffix("/records"))).status_code == 200:
                     break
