@@ -5,8 +5,10 @@ one read of ``sequence > last_read`` (more only when a read fills a whole page).
 batch is handed to every registered subscriber without awaiting any of them, so a slow
 subscriber never delays the others.
 
-Correctness rests on two rules. A follower starts after a ``latest_sequence`` read
-BEFORE it watched the hub, so everything committed later is announced to it; and
+Correctness rests on two rules. A follower watches the hub, then registers the watch
+that makes appends notify and reads ``latest_sequence`` in one statement
+(``Followers.subscribe``), and starts after that: everything committed later is
+announced to it; and
 ``last_read`` only moves through reads whose batch is fanned out to every subscriber
 registered at that moment. A record committed after a subscriber registered is then
 either fanned out to it, or was read by a read that began after it registered, which
@@ -57,7 +59,6 @@ class StreamFollower:
         self,
         stream_pk: int,
         *,
-        start_after: int,
         hub: NotificationHub,
         read: Reader,
         page_records: int,
@@ -65,7 +66,7 @@ class StreamFollower:
         retry_delay: float = 0.2,
     ) -> None:
         self.stream_pk = stream_pk
-        self.last_read = start_after
+        self.last_read = 0  # set by start()
         self._hub = hub
         self._read = read
         self._page = page_records
@@ -83,8 +84,16 @@ class StreamFollower:
         self.reads = 0
         self.fed_batches = 0  # fed batches fanned out without a read
 
-    def start(self) -> None:
-        self._unwatch = self._hub.subscribe(self.stream_pk, self._on_wake)
+    def watch(self) -> None:
+        """Take the stream's wakes from now on (before the start point is read, so that
+        none between that read and ``start`` is lost)."""
+        if self._unwatch is None:
+            self._unwatch = self._hub.subscribe(self.stream_pk, self._on_wake)
+
+    def start(self, after: int) -> None:
+        """Follow from ``after``: a latest sequence read after ``watch``."""
+        self.watch()
+        self.last_read = after
         self._task = asyncio.get_running_loop().create_task(self._run())
 
     def add(self, subscription: Subscription) -> None:

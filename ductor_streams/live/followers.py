@@ -1,11 +1,16 @@
 """The entry point of live delivery: subscribe to a stream in this process.
 
 Keeps at most one ``StreamFollower`` per stream, created with the first subscriber and
-stopped with the last, all woken by the process's one ``NotificationHub``.
+stopped with the last, all woken by the process's one ``NotificationHub``. Appends
+notify only for watched (or input) streams (migration 0011), so each follower's stream
+is watched from before its start point is read, and renewed here while followed.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import os
 import socket
 from functools import partial
@@ -22,6 +27,8 @@ from ductor_streams.schema import QUERIES
 from ductor_streams.store.models import Page, Record
 from ductor_streams.store.read import read_page
 
+log = logging.getLogger(__name__)
+
 # See ``Followers.follows``.
 FEED_MAX_SUBSCRIBERS = 128
 
@@ -36,6 +43,7 @@ class Followers:
         self._hub = hub
         self.settings = settings or LiveSettings()
         self._followers: dict[int, StreamFollower] = {}
+        self._rewatch_task: asyncio.Task[None] | None = None
         self.detected_by = f"live@{socket.gethostname()}:{os.getpid()}"
 
     async def subscribe(self, stream_pk: int, cursor: int) -> Subscription:
@@ -47,22 +55,7 @@ class Followers:
         """
         follower = self._followers.get(stream_pk)
         if follower is None:
-            LIVE_READS.labels("start").inc()
-            latest = await self._pool.fetchval(QUERIES["live_stream_latest"], stream_pk)
-            if latest is None:
-                raise NotFound("stream does not exist")
-            follower = self._followers.get(stream_pk)  # another subscriber may have won
-            if follower is None:
-                follower = StreamFollower(
-                    stream_pk,
-                    start_after=int(latest),
-                    hub=self._hub,
-                    read=self._follower_read,
-                    page_records=self.settings.page_records,
-                    poll_seconds=self.settings.poll_seconds,
-                )
-                self._followers[stream_pk] = follower
-                follower.start()
+            follower = await self._start_follower(stream_pk)
         subscription = Subscription(
             cursor,
             read=partial(self._subscriber_read, stream_pk),
@@ -77,6 +70,52 @@ class Followers:
             self.release(stream_pk, subscription)
             raise
         return subscription
+
+    async def _start_follower(self, stream_pk: int) -> StreamFollower:
+        candidate = StreamFollower(
+            stream_pk,
+            hub=self._hub,
+            read=self._follower_read,
+            page_records=self.settings.page_records,
+            poll_seconds=self.settings.poll_seconds,
+        )
+        candidate.watch()  # a wake arriving while the start point is read is kept
+        LIVE_READS.labels("start").inc()
+        try:
+            # Appends that lock the stream after this notify (migration 0011).
+            latest = await self._pool.fetchval(
+                QUERIES["live_stream_watch"], stream_pk, self.settings.watch_seconds
+            )
+        except BaseException:
+            candidate.stop()
+            raise
+        follower = self._followers.get(stream_pk)  # another subscriber may have won
+        if latest is None or follower is not None:
+            candidate.stop()
+            if follower is None:
+                raise NotFound("stream does not exist")
+            return follower
+        candidate.start(after=int(latest))
+        self._followers[stream_pk] = candidate
+        if self._rewatch_task is None:
+            self._rewatch_task = asyncio.get_running_loop().create_task(self._rewatch())
+        return candidate
+
+    async def _rewatch(self) -> None:
+        """Renew the watch of every followed stream well before it lapses."""
+        while True:
+            await asyncio.sleep(self.settings.watch_seconds / 3)
+            if not self._followers:
+                continue
+            try:
+                await self._pool.execute(
+                    QUERIES["live_streams_rewatch"],
+                    list(self._followers),
+                    self.settings.watch_seconds,
+                )
+            except Exception:
+                # A lapsed watch only delays other processes' wakes: followers also poll.
+                log.exception("could not renew the watch of followed streams")
 
     def release(self, stream_pk: int, subscription: Subscription) -> None:
         """Unregister a subscription; the last one out stops the stream's follower."""
@@ -116,6 +155,11 @@ class Followers:
         return self._followers.get(stream_pk)
 
     async def close(self) -> None:
+        if self._rewatch_task is not None:
+            self._rewatch_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._rewatch_task
+            self._rewatch_task = None
         followers, self._followers = list(self._followers.values()), {}
         for follower in followers:
             follower.stop()

@@ -1,5 +1,9 @@
 """Wakes off the commit path (issue 9): the group's transaction carries no NOTIFY; the
-wake is sent after the commit returned, coalesced, and retried when sending fails."""
+wake is sent after the commit returned, coalesced, and retried when sending fails.
+
+A lone append notifies at commit only when its stream is watched by a live follower
+(migration 0011; tests/live/test_watches.py), so the streams here are watched first, as
+a follower in another process would."""
 
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ import pytest
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store
 from ductor_streams.store.append import PARALLEL_RECORDS, Appender
+from ductor_streams.store.models import StreamRef
 from ductor_streams.store.wakes import WakeSender
 from tests.support.credit import append, make_stream
 
@@ -57,6 +62,13 @@ class Listener:
         await asyncio.gather(*self._reads)
 
 
+async def watched_stream(store: Store, **ceilings: Any) -> StreamRef:
+    """A new output stream, watched as a live follower watches it."""
+    ref = await make_stream(store, **ceilings)
+    await store.pool.fetchval(QUERIES["live_stream_watch"], ref.stream_pk, 60.0)
+    return ref
+
+
 @pytest.fixture
 async def listener(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[Listener]:
     conn = await asyncpg.connect(database_url)
@@ -69,7 +81,7 @@ async def listener(database_url: str, pool: asyncpg.Pool) -> AsyncIterator[Liste
 
 
 async def test_the_wake_follows_the_commit(store: Store, listener: Listener) -> None:
-    ref = await make_stream(store)
+    ref = await watched_stream(store)
     for n in range(1, 6):
         await append(store, ref, [n])
         await listener.wait_for(f"r{ref.stream_pk}")
@@ -81,7 +93,7 @@ async def test_the_wake_follows_the_commit(store: Store, listener: Listener) -> 
 async def test_many_streams_each_get_a_wake_after_their_last_commit(
     store: Store, listener: Listener
 ) -> None:
-    refs = [await make_stream(store) for _ in range(12)]
+    refs = [await watched_stream(store) for _ in range(12)]
     await asyncio.gather(*(append(store, ref, [i]) for ref in refs for i in range(4)))
     await listener.settle(store)
     for ref in refs:
@@ -108,7 +120,7 @@ async def test_the_seven_argument_form_still_notifies_at_commit(
     pool: asyncpg.Pool, store: Store, listener: Listener
 ) -> None:
     # Callers that append inside a transaction of their own (object commit) use it.
-    ref = await make_stream(store)
+    ref = await watched_stream(store)
     rows = await pool.fetch(
         QUERIES["records_append"], ref.stream_pk, [1], [None], ["h"], ["1"], [1], [None]
     )
@@ -173,7 +185,7 @@ async def test_a_lone_append_notifies_in_its_own_transaction(
     pool: asyncpg.Pool, listener: Listener
 ) -> None:
     store = Store(pool)  # its own appender: nothing else of it in flight
-    ref = await make_stream(store)
+    ref = await watched_stream(store)
     for n in range(1, 4):
         await append(store, ref, [n])
         await listener.wait_for(f"r{ref.stream_pk}")
@@ -190,7 +202,7 @@ async def test_concurrent_groups_announce_after_commit_instead(
     # Several statements at once (batches large enough to run beside each other): all
     # but the first start with another in flight.
     store.appender = Appender(pool, store.wakes, max_statements=6)
-    refs = [await make_stream(store, max_unread_items=None) for _ in range(6)]
+    refs = [await watched_stream(store, max_unread_items=None) for _ in range(6)]
     batch = list(range(PARALLEL_RECORDS))
     await asyncio.gather(*(append(store, ref, batch) for ref in refs for _ in range(3)))
     await listener.settle(store)
