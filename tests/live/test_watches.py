@@ -19,7 +19,8 @@ from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.schema import QUERIES
-from ductor_streams.store import Store
+from ductor_streams.store import Store, encode_batch
+from ductor_streams.store.append import statement_arguments
 from ductor_streams.store.models import StreamRef
 from tests.support.credit import append, make_stream
 from tests.support.live import eventually
@@ -216,3 +217,51 @@ async def test_followers_watch_what_they_follow_and_renew_it(
     finally:
         await followers.close()
         await hub.close()
+
+
+async def test_renewing_watches_never_deadlocks_with_an_append_to_many_streams(
+    pool: asyncpg.Pool,
+) -> None:
+    """The renewal locks rows in stream_pk order, as a several-stream append does.
+
+    An append to 16 streams holds the first 8 and waits for the 9th (held here); the
+    renewal, given the streams in descending order, then starts. Locking in the order
+    given, it would take the last 7 and wait for the 9th too: a deadlock once the 9th
+    is free. In stream_pk order it waits behind the append instead."""
+    store = Store(pool)
+    refs = [await make_stream(store) for _ in range(16)]
+    pks = sorted(ref.stream_pk for ref in refs)
+    batches = [encode_batch([n]) for n in range(16)]
+    async with pool.acquire() as holder:
+        transaction = holder.transaction()
+        await transaction.start()
+        await holder.execute(
+            "SELECT 1 FROM workflow_streams.streams WHERE stream_pk = $1 FOR UPDATE", pks[8]
+        )
+        append = asyncio.ensure_future(
+            pool.fetch(
+                QUERIES["records_append_stream_groups"],
+                pks,
+                [1] * 16,
+                [1] * 16,
+                *statement_arguments(batches),
+                False,
+            )
+        )
+        await eventually(lambda: _waiting_on_locks(pool, 1), what="the append waits")
+        renewal = asyncio.ensure_future(
+            pool.execute(QUERIES["live_streams_rewatch"], pks[::-1], 60.0)
+        )
+        await eventually(lambda: _waiting_on_locks(pool, 2), what="the renewal waits")
+        await transaction.rollback()
+    rows, status = await asyncio.gather(append, renewal)
+    assert [r["outcome"] for r in rows] == ["appended"] * 16
+    assert status == "UPDATE 16"
+
+
+async def _waiting_on_locks(pool: asyncpg.Pool, n: int) -> bool:
+    waiting = await pool.fetchval(
+        "SELECT count(*) FROM pg_stat_activity"
+        " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+    )
+    return int(waiting) >= n
