@@ -37,6 +37,10 @@ async def test_sigkilled_dispatcher_is_taken_over_without_loss_or_repeat(
         **settings_env(wf_settings),
         "DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS": "2",
         "DUCTOR_STREAMS_DELIVERY_BATCH": "5",
+        # Each claims at most 2 of the 4 streams per round, so both take part: with no
+        # cap, one dispatcher could claim every stream round after round and deliver
+        # everything before the other ever held a lease (it did once in CI).
+        "DUCTOR_STREAMS_DELIVERY_STREAMS": "2",
     }
     doomed = WorkersProcess({**env, "DUCTOR_STREAMS_DELIVERY_OWNER": "doomed"}, tmp_path / "a.log")
     steady = WorkersProcess({**env, "DUCTOR_STREAMS_DELIVERY_OWNER": "steady"}, tmp_path / "b.log")
@@ -49,13 +53,14 @@ async def test_sigkilled_dispatcher_is_taken_over_without_loss_or_repeat(
             for r in run_ids
         ]
         refs = [await stream_ref(store, wf_settings.tenant, r, "input") for r in run_ids]
-        # A backlog before the dispatchers start, the rest while they run.
-        for ref in refs:
-            await append_inputs(store, ref, list(range(0, PER_RUN // 2)))
         try:
             doomed.start()
             steady.start()
             await asyncio.gather(doomed.started(), steady.started())
+            # Half once both run (one started first could otherwise take a backlog
+            # alone), the rest after the kill.
+            for ref in refs:
+                await append_inputs(store, ref, list(range(0, PER_RUN // 2)))
 
             async def leased_by_doomed() -> int:
                 return int(
