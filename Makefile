@@ -19,7 +19,7 @@ dev: install
 lint: install
 	$(BIN)/ruff check ductor_streams tests bench examples
 	$(BIN)/ruff format --check ductor_streams tests bench examples
-	$(BIN)/mypy ductor_streams
+	$(BIN)/mypy ductor_streams bench
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)

@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import functools
 import json
 import multiprocessing as mp
 import os
@@ -161,9 +162,7 @@ async def _subscribers(
     for i in range(count):
         done: asyncio.Future[None] = loop.create_future()
         transport, protocol = await loop.create_connection(
-            lambda i=i, done=done: _SseClient(
-                request, all_times[i], all_poll_times[i], clock, done
-            ),
+            functools.partial(_SseClient, request, all_times[i], all_poll_times[i], clock, done),
             host,
             port,
         )
