@@ -20,6 +20,9 @@ once it has committed, its streams' wakes are announced through ``WakeSender``
 (store/wakes.py), coalesced. A statement alone in flight notifies inside its own
 transaction, at commit (one round trip, no wake statement).
 
+Statements run on one connection kept while they follow each other (store/held.py),
+not a pool acquire and release each.
+
 Live delivery of this process does not wait for either wake: right after a statement
 returned, the records it appended to a stream this process follows are handed to
 ``feed`` (``live.Followers``), built from the request's own payloads, the sequences
@@ -49,6 +52,7 @@ from ductor_streams.errors import (
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import translate_db_error
 from ductor_streams.store.encoding import EncodedBatch
+from ductor_streams.store.held import HeldConnection
 from ductor_streams.store.models import AppendResult, Record
 from ductor_streams.store.wakes import WakeSender
 
@@ -133,7 +137,7 @@ class Appender:
         *,
         max_statements: int = MAX_STATEMENTS,
     ) -> None:
-        self._pool = pool
+        self._connection = HeldConnection(pool)  # kept across back-to-back statements
         self._lanes: dict[int, _Lane] = {}
         self._ready: dict[int, None] = {}  # lanes with requests and no group in flight
         self._in_flight = 0  # append statements running now
@@ -311,7 +315,7 @@ class Appender:
     ) -> tuple[list[Outcome], datetime]:
         """The outcome of each request, and the transaction's ``appended_at``."""
         self.statements += 1
-        rows = await self._pool.fetch(
+        rows = await self._connection.fetch(
             QUERIES["records_append_group"], stream_pk, *statement_arguments(batches), notify_inline
         )
         outcomes = [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
@@ -322,7 +326,7 @@ class Appender:
     ) -> tuple[list[list[Outcome]], datetime]:
         """Each group's outcomes, and the transaction's ``appended_at``."""
         self.statements += 1
-        rows = await self._pool.fetch(
+        rows = await self._connection.fetch(
             QUERIES["records_append_stream_groups"],
             [stream_pk for stream_pk, _ in groups],
             [len(group) for _, group in groups],
