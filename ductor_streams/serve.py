@@ -25,6 +25,10 @@ def serve(settings: Settings, *, host: str, port: int, workers: bool) -> int:
         http=HeadHoldingHttpToolsProtocol,
         log_level="warning",
         access_log=False,
+        # Nothing here reads the client's address or scheme (no access log; links are
+        # paths), so uvicorn's X-Forwarded-* middleware, a layer and a dict of the
+        # headers per request, would be work for nobody.
+        proxy_headers=False,
         lifespan="on",
         timeout_graceful_shutdown=5,
     )

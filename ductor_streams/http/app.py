@@ -24,7 +24,7 @@ from ductor_streams.http import (
 from ductor_streams.http.access import authorize
 from ductor_streams.http.openapi import ContractJsonRenderPlugin
 from ductor_streams.http.problems import handle_exception
-from ductor_streams.http.records_front import answer_records, is_records_request
+from ductor_streams.http.records_front import answer_records, records_route
 from ductor_streams.http.routes_streams import API_MOUNT
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.store import Store
@@ -102,9 +102,11 @@ class StreamsApp(Litestar):
     and reads of records are answered there, everything else by Litestar."""
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http" and is_records_request(scope):
-            await answer_records(self.state, scope, receive, send)
-            return
+        if scope["type"] == "http":
+            route = records_route(scope)
+            if route is not None:
+                await answer_records(self.state, scope, receive, send, route)
+                return
         await super().__call__(scope, receive, send)
 
 

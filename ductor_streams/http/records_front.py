@@ -39,17 +39,26 @@ class ClientGone(Exception):
     """The client disconnected before its request body arrived: nobody to answer."""
 
 
+def records_route(scope: Scope) -> re.Match[str] | None:
+    """The path's match when this front answers the request (an append or a read of
+    records), else None; its groups are the run and stream ids."""
+    if scope["method"] not in ("POST", "GET"):
+        return None
+    return RECORDS_PATH.fullmatch(scope["path"])
+
+
 def is_records_request(scope: Scope) -> bool:
-    """Whether this front answers the request (an append or a read of records)."""
-    return scope["method"] in ("POST", "GET") and RECORDS_PATH.fullmatch(scope["path"]) is not None
+    """Whether this front answers the request."""
+    return records_route(scope) is not None
 
 
-async def answer_records(state: Any, scope: Scope, receive: Receive, send: Send) -> None:
-    """Answer an append (POST) or read (GET) of records; ``state`` is the app's state."""
+async def answer_records(
+    state: Any, scope: Scope, receive: Receive, send: Send, route: re.Match[str]
+) -> None:
+    """Answer an append (POST) or read (GET) of records; ``state`` is the app's state,
+    ``route`` what ``records_route`` matched."""
     path: str = scope["path"]
-    match = RECORDS_PATH.fullmatch(path)
-    assert match is not None
-    run_id, stream_id = match.group(1), match.group(2)
+    run_id, stream_id = route.group(1), route.group(2)
     headers: list[tuple[bytes, bytes]] = scope["headers"]
     try:
         settings = state.settings
