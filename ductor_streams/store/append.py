@@ -21,7 +21,9 @@ once it has committed, its streams' wakes are announced through ``WakeSender``
 transaction, at commit (one round trip, no wake statement).
 
 Statements run on one connection kept while they follow each other (store/held.py),
-not a pool acquire and release each.
+not a pool acquire and release each. A statement is sent from the turn of the event
+loop that decided it (store/eager.py), not after the request tasks that turn has
+queued already.
 
 Live delivery of this process does not wait for either wake: right after a statement
 returned, the records it appended to a stream this process follows are handed to
@@ -51,6 +53,7 @@ from ductor_streams.errors import (
 )
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import translate_db_error
+from ductor_streams.store.eager import start_now
 from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.held import HeldConnection
 from ductor_streams.store.models import AppendResult, Record
@@ -143,7 +146,7 @@ class Appender:
         self._in_flight = 0  # append statements running now
         self._max_statements = max_statements
         self.statements = 0  # append statements sent (tests and benchmarks read it)
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Future[None]] = set()
         self.wakes = wakes if wakes is not None else WakeSender(pool)
         self.feed: CommitFeed | None = None
 
@@ -190,7 +193,9 @@ class Appender:
             # one client).
             notify_inline = self._in_flight == 0
             self._in_flight += 1
-            task = asyncio.get_running_loop().create_task(self._run(groups, notify_inline))
+            # Sent now, not after the tasks this turn of the loop has queued already
+            # (store/eager.py); the rest of the statement runs as a task.
+            task = start_now(self._run(groups, notify_inline))
             self._tasks.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(self._tasks.discard)
 
