@@ -12,6 +12,7 @@ import uvloop
 
 from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.eager import start_now
+from ductor_streams.store.encoding import EncodedBatch
 from tests.support.credit import make_stream
 
 
@@ -170,4 +171,19 @@ async def test_the_appender_sends_its_statement_in_the_submitting_turn(store: St
     await asyncio.sleep(0)  # exactly one turn: the append's task ran up to its wait
     assert appender.statements == before + 1
     result = await pending
+    assert (result.first_sequence, result.last_sequence) == (1, 1)
+
+
+async def test_a_statement_that_fails_before_it_is_sent_answers_and_the_stream_goes_on(
+    store: Store,
+) -> None:
+    """The whole statement ends in its first step (its arguments are refused): its
+    request gets the error, and the lane and the count of statements in flight are
+    left as they were, so the next append goes through."""
+    ref = await make_stream(store)
+    raw_separator = EncodedBatch(['"a\x1eb"'], [5], [None], None, "h")
+    with pytest.raises(ValueError, match="separator"):
+        await store.appender.append(ref.stream_pk, raw_separator)
+    assert store.appender._in_flight == 0
+    result = await store.append(ref, encode_batch([{"n": 1}]))
     assert (result.first_sequence, result.last_sequence) == (1, 1)
