@@ -24,6 +24,11 @@ process appends to the stream, a wake's read waits for it to end (its wake often
 arrives before its own answer, and the read would then deliver its records a round trip
 later than the feed): the read still happens, right after, and the safety poll reads
 regardless.
+
+A record wake says up to which sequence the stream has committed (``r<pk>:<seq>``,
+migration 0012). When ``last_read`` has reached it (the feed delivered this process's
+own commit), the wake's read is skipped: everything it announces was fanned out already.
+A wake that carries no sequence (close, acks, a reconnect, older senders) always reads.
 """
 
 from __future__ import annotations
@@ -42,6 +47,9 @@ from ductor_streams.live.subscription import Subscription
 from ductor_streams.store.models import Page, Record
 
 log = logging.getLogger(__name__)
+
+# A wake that does not say up to where to read: read everything.
+READ_ALL = 1 << 62
 
 # Subscribers served per turn of the event loop. A fan-out to a thousand subscribers
 # writes a thousand sockets (milliseconds of CPU); in slices, the appends and reads of
@@ -74,7 +82,9 @@ class StreamFollower:
         self._retry_delay = retry_delay
         self._subscribers: dict[Subscription, None] = {}
         self._wake = asyncio.Event()
-        self._must_read = False  # a wake came (or the poll ran out) since the last read
+        # The highest sequence a wake since the last read announced (READ_ALL: unknown, or
+        # the poll ran out); a read is due while it is above last_read.
+        self._read_to = 0
         self._fed: deque[list[Record]] = deque()
         self._own_appends = 0  # statements of this process appending to the stream now
         self._stopped = False
@@ -134,11 +144,15 @@ class StreamFollower:
         else:
             # A follower started while the statement was in flight never saw it start.
             self._own_appends = max(0, self._own_appends - 1)
-            if self._must_read and not self._own_appends:
+            if self._read_due and not self._own_appends:
                 self._wake.set()
 
-    def _on_wake(self, _stream_pk: int) -> None:
-        self._must_read = True
+    @property
+    def _read_due(self) -> bool:
+        return self._read_to > self.last_read
+
+    def _on_wake(self, _stream_pk: int, latest: int | None) -> None:
+        self._read_to = max(self._read_to, READ_ALL if latest is None else latest)
         self._wake.set()
 
     async def _run(self) -> None:
@@ -148,21 +162,22 @@ class StreamFollower:
                 await asyncio.wait_for(self._wake.wait(), self._poll_seconds)
             except TimeoutError:
                 # A safety net: a wake lost between commit and LISTEN costs a delay only.
-                self._must_read = polled = True
+                self._read_to = READ_ALL
+                polled = True
             self._wake.clear()
             if self._stopped:
                 return
             try:
                 await self._deliver_fed()
-                if self._must_read and (polled or not self._own_appends):
-                    self._must_read = False
+                if self._read_due and (polled or not self._own_appends):
+                    self._read_to = 0
                     await self._read_new()
             except Exception:
                 # The pool or the database hiccuped: try again soon. Subscribers keep
                 # what they have; nothing is skipped because last_read did not move.
                 log.exception("live follower read failed", extra={"stream_pk": self.stream_pk})
                 await asyncio.sleep(self._retry_delay)
-                self._must_read = True
+                self._read_to = READ_ALL
                 self._wake.set()
 
     async def _deliver_fed(self) -> None:

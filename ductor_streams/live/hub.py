@@ -1,9 +1,13 @@
 """The per-process notification hub: ONE dedicated LISTEN connection for all streams.
 
-Notifications are wake signals only (``r<pk>`` records, ``a<pk>`` acks, ``c<pk>``
-close); Postgres delivers them at commit, never before. Whoever is woken re-reads
-durable state. When the LISTEN connection drops, the hub reconnects and wakes every
-watcher, because notifications sent while it was away are lost.
+Notifications are wake signals only (``r<pk>:<seq>`` records, ``a<pk>`` acks,
+``c<pk>`` close); Postgres delivers them at commit, never before. Whoever is woken
+re-reads durable state, unless it already has what the wake announces: a record wake
+carries the stream's latest sequence at that commit (migration 0012), which a live
+follower that was fed its own process's appends has often delivered already. A plain
+``r<pk>`` (older processes, an operator's retry) announces nothing more than "read".
+When the LISTEN connection drops, the hub reconnects and wakes every watcher, because
+notifications sent while it was away are lost.
 """
 
 from __future__ import annotations
@@ -19,6 +23,9 @@ CHANNEL = "workflow_streams"
 log = logging.getLogger(__name__)
 
 WakeCallback = Callable[[int], None]
+StreamWakeCallback = Callable[[int, int | None], None]
+"""``callback(stream_pk, latest)``: ``latest`` is the sequence a record wake says is
+committed, or None when the wake says only that something changed."""
 
 
 class NotificationHub:
@@ -28,7 +35,7 @@ class NotificationHub:
         self._dsn = dsn
         self._reconnect_delay = reconnect_delay
         self._conn: asyncpg.Connection | None = None
-        self._watchers: dict[int, set[WakeCallback]] = {}
+        self._watchers: dict[int, set[StreamWakeCallback]] = {}
         self._any_watchers: set[WakeCallback] = set()
         self._reconnect_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -57,8 +64,9 @@ class NotificationHub:
         """The server process of the LISTEN connection (tests terminate it)."""
         return self._conn.get_server_pid() if self._conn is not None else None
 
-    def subscribe(self, stream_pk: int, callback: WakeCallback) -> Callable[[], None]:
-        """Call ``callback(stream_pk)`` on every wake of the stream; returns the undo."""
+    def subscribe(self, stream_pk: int, callback: StreamWakeCallback) -> Callable[[], None]:
+        """Call ``callback(stream_pk, latest)`` on every wake of the stream; returns the
+        undo."""
         self._watchers.setdefault(stream_pk, set()).add(callback)
 
         def unsubscribe() -> None:
@@ -85,17 +93,23 @@ class NotificationHub:
         the wait is lost; clear it before each re-read.
         """
         event = asyncio.Event()
-        undo = self.subscribe(stream_pk, lambda _pk: event.set())
+        undo = self.subscribe(stream_pk, lambda _pk, _latest: event.set())
         try:
             yield event
         finally:
             undo()
 
-    def _wake(self, stream_pk: int) -> None:
-        for callback in [*self._watchers.get(stream_pk, ()), *self._any_watchers]:
+    def _wake(self, stream_pk: int, latest: int | None = None) -> None:
+        # A broken watcher must not starve the others.
+        for callback in list(self._watchers.get(stream_pk, ())):
             try:
-                callback(stream_pk)
-            except Exception:  # a broken watcher must not starve the others
+                callback(stream_pk, latest)
+            except Exception:
+                log.exception("wake callback failed", extra={"stream_pk": stream_pk})
+        for any_callback in list(self._any_watchers):
+            try:
+                any_callback(stream_pk)
+            except Exception:
                 log.exception("wake callback failed", extra={"stream_pk": stream_pk})
 
     def _wake_all(self) -> None:
@@ -105,11 +119,9 @@ class NotificationHub:
             callback(0)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
-        try:
-            stream_pk = int(payload[1:])
-        except ValueError:
-            return
-        self._wake(stream_pk)
+        wake = parse_wake(payload)
+        if wake is not None:
+            self._wake(*wake)
 
     def _on_terminated(self, _conn: object) -> None:
         self._conn = None
@@ -136,3 +148,19 @@ class NotificationHub:
             # Anything committed while we were away was not announced: everyone re-reads.
             self._wake_all()
             return
+
+
+def parse_wake(payload: str) -> tuple[int, int | None] | None:
+    """``(stream_pk, latest)`` of a wake payload, or None for one that is no wake.
+
+    ``latest`` only for a record wake that carries it (``r<pk>:<seq>``); ``a<pk>``,
+    ``c<pk>`` and a plain ``r<pk>`` give None.
+    """
+    kind = payload[:1]
+    pk_text, _, latest_text = payload[1:].partition(":")
+    try:
+        stream_pk = int(pk_text)
+        latest = int(latest_text) if kind == "r" and latest_text else None
+    except ValueError:
+        return None
+    return stream_pk, latest

@@ -296,12 +296,19 @@ class Appender:
         notify_inline: bool,
         appended_at: datetime,
     ) -> None:
-        if not notify_inline and any(outcome[0] == "appended" for outcome in outcomes):
-            # The statement returned, so its transaction has committed. When other
-            # statements are in flight or queued, this wake may share their wake's.
-            self.wakes.announce(
-                f"r{stream_pk}", more_coming=self._in_flight > 1 or bool(self._ready)
-            )
+        if not notify_inline:
+            appended = [
+                last for name, _, last in outcomes if name == "appended" and last is not None
+            ]
+            latest = max(appended, default=0)
+            if latest:
+                # The statement returned, so its transaction has committed. When other
+                # statements are in flight or queued, this wake may share their wake's.
+                # It carries the stream's latest sequence, as the function's own does
+                # (migration 0012): the last sequence this group appended.
+                self.wakes.announce(
+                    f"r{stream_pk}:{latest}", more_coming=self._in_flight > 1 or bool(self._ready)
+                )
         # Fed before the answers are set: the follower's fan-out still runs after the
         # requests' tasks have answered (its wait is a task hop further), but starts a
         # turn sooner (7 interleaved pairs at 100 subscribers: SSE p50 median 1.75 ms

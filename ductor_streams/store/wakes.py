@@ -29,7 +29,12 @@ MIN_INTERVAL_SECONDS = 0.002
 
 
 class WakeSender:
-    """Coalesces wake payloads (``r<stream_pk>``) into one NOTIFY statement at a time."""
+    """Coalesces wake payloads into one NOTIFY statement at a time.
+
+    A payload is ``<kind><stream_pk>``, optionally followed by ``:<detail>``
+    (``r<stream_pk>:<latest sequence>``); of several queued for the same kind and stream,
+    only the last is sent (announced in commit order, it says the most).
+    """
 
     def __init__(
         self,
@@ -39,7 +44,7 @@ class WakeSender:
         min_interval: float = MIN_INTERVAL_SECONDS,
     ) -> None:
         self._pool = pool
-        self._pending: dict[str, None] = {}  # insertion-ordered set
+        self._pending: dict[str, str] = {}  # kind and stream -> payload, insertion-ordered
         self._task: asyncio.Task[None] | None = None
         self._retry_delay = retry_delay
         self._min_interval = min_interval
@@ -53,7 +58,7 @@ class WakeSender:
         ``more_coming``: other commits of this process are in flight, so this wake may
         wait (at most ``min_interval`` after the previous statement) to share theirs.
         """
-        self._pending[payload] = None
+        self._pending[payload.partition(":")[0]] = payload
         if not more_coming:
             self._urgent = True
         if self._task is None or self._task.done():
@@ -77,7 +82,7 @@ class WakeSender:
                     await asyncio.sleep(wait)
             self._last_sent_at = loop.time()
             self._urgent = False
-            payloads = list(self._pending)
+            payloads = list(self._pending.values())
             self._pending.clear()
             try:
                 await self._pool.fetchval(QUERIES["wake_send"], payloads)
@@ -87,7 +92,7 @@ class WakeSender:
                 if self._pool.is_closing():
                     return  # shutting down: followers elsewhere re-read on their own
                 log.warning("wake send failed, retrying: %s", type(exc).__name__)
-                for payload in payloads:
-                    self._pending.setdefault(payload, None)
+                for payload in payloads:  # unless a newer one was queued meanwhile
+                    self._pending.setdefault(payload.partition(":")[0], payload)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

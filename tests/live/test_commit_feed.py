@@ -18,6 +18,7 @@ from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.append import committed_records
 from ductor_streams.store.read import read_page
 from tests.live.test_followers import add, drain, new_stream
+from tests.support.live import eventually
 
 
 def feeding_store(pool: asyncpg.Pool, followers: Followers) -> Store:
@@ -216,4 +217,56 @@ async def test_the_safety_poll_reads_even_while_an_own_append_seems_in_flight(
     got: list[int] = []
     await drain(sub, got, 1)
     assert got == [1]
+    followers.release(ref.stream_pk, sub)
+
+
+async def test_a_wake_for_records_already_delivered_brings_no_read(pool, database_url, tenant):
+    """A record wake says how far its commit reached (``r<pk>:<seq>``, migration 0012):
+    a follower that already delivered that far skips the read; further, or a wake that
+    does not say, reads."""
+    hub = NotificationHub(database_url)  # never LISTENs: wakes are delivered by hand
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
+    ours = feeding_store(pool, followers)
+    other = Store(pool)
+    ref = await new_stream(ours, tenant)
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None
+    assert await add(ours, ref, ["a", "b"]) == 2
+    got: list[int] = []
+    await drain(sub, got, 2)
+    assert follower.fed_batches == 1 and follower.reads == 0
+    hub._wake(ref.stream_pk, 2)  # our commit's own wake, after its feed
+    hub._wake(ref.stream_pk, 1)  # an older one, late
+    assert await sub.next(0.2) is None
+    assert follower.reads == 0
+    assert await add(other, ref, ["theirs"]) == 3
+    hub._wake(ref.stream_pk, 3)  # beyond what was delivered: read
+    await drain(sub, got, 3)
+    assert got == [1, 2, 3] and follower.reads == 1
+    hub._wake(ref.stream_pk, None)  # says nothing about how far: read
+    await eventually(lambda: follower.reads == 2, what="a read for a wake without a sequence")
+    assert await sub.next(0.1) is None and sub.gaps == 0
+    followers.release(ref.stream_pk, sub)
+
+
+async def test_the_wake_of_an_own_append_arriving_first_brings_no_read(pool, database_url, tenant):
+    # The wake often reaches the hub before the statement's answer reaches the appender.
+    hub = NotificationHub(database_url)
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
+    store = Store(pool)  # feeds nothing: the statement is played by hand
+    ref = await new_stream(store, tenant)
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None
+    followers.appending(ref.stream_pk, True)
+    assert await add(store, ref, ["x", "y"]) == 2  # committed
+    hub._wake(ref.stream_pk, 2)  # its wake, before its answer
+    followers.committed(ref.stream_pk, (await read_page(pool, ref.stream_pk, 0, 10)).records)
+    followers.appending(ref.stream_pk, False)
+    got: list[int] = []
+    await drain(sub, got, 2)
+    assert got == [1, 2]
+    assert await sub.next(0.2) is None
+    assert follower.fed_batches == 1 and follower.reads == 0
     followers.release(ref.stream_pk, sub)

@@ -37,8 +37,15 @@ class Wakes:
         self.payloads.append(payload)
         self.arrived.set()
 
+    def announced(self, ref: StreamRef) -> list[int]:
+        """The latest sequence of each record wake of the stream (``r<pk>:<seq>``)."""
+        prefix = f"r{ref.stream_pk}:"
+        return [int(p[len(prefix) :]) for p in self.payloads if p.startswith(prefix)]
+
     def of(self, ref: StreamRef) -> int:
-        return self.payloads.count(f"r{ref.stream_pk}")
+        """Record wakes of the stream, with or without a sequence."""
+        plain = self.payloads.count(f"r{ref.stream_pk}")
+        return plain + len(self.announced(ref))
 
     async def settle(self, pool: asyncpg.Pool) -> None:
         """Wait until every wake committed so far has arrived."""
@@ -87,6 +94,7 @@ async def test_an_input_stream_is_woken_without_a_watch(pool: asyncpg.Pool, wake
         await append(store, ref, [n])
     await wakes.settle(pool)
     assert wakes.of(ref) == 3
+    assert wakes.announced(ref) == [1, 2, 3]  # each commit's latest sequence (0012)
 
 
 async def test_a_watched_stream_is_woken_until_the_watch_lapses(
@@ -161,6 +169,7 @@ async def test_a_watch_taken_while_appends_run_misses_no_wake(
             await wakes.settle(pool)
             assert started_after >= 20
             assert wakes.of(ref) == final - started_after
+            assert wakes.announced(ref) == list(range(started_after + 1, final + 1))
     finally:
         await conn.close()
 

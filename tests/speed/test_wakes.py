@@ -24,19 +24,22 @@ from tests.support.credit import append, make_stream
 
 class Listener:
     """A LISTEN connection that keeps every payload, in arrival order, and on each
-    ``r<pk>`` wake reads (through the pool) what is committed at that moment."""
+    ``r<pk>:<seq>`` wake reads (through the pool) what is committed at that moment."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
         self.payloads: list[str] = []
         self.visible_at_wake: list[tuple[int, int]] = []
+        self.announced: list[tuple[int, int]] = []  # (stream_pk, the wake's sequence)
         self.arrived = asyncio.Event()
         self._reads: list[asyncio.Task[None]] = []
 
     def on_notify(self, _c: object, _pid: int, _channel: str, payload: str) -> None:
         self.payloads.append(payload)
         if payload.startswith("r"):
-            self._reads.append(asyncio.ensure_future(self._read(int(payload[1:]))))
+            stream_pk, _, latest = payload[1:].partition(":")
+            self.announced.append((int(stream_pk), int(latest)))
+            self._reads.append(asyncio.ensure_future(self._read(int(stream_pk))))
         self.arrived.set()
 
     async def _read(self, stream_pk: int) -> None:
@@ -84,7 +87,7 @@ async def test_the_wake_follows_the_commit(store: Store, listener: Listener) -> 
     ref = await watched_stream(store)
     for n in range(1, 6):
         await append(store, ref, [n])
-        await listener.wait_for(f"r{ref.stream_pk}")
+        await listener.wait_for(f"r{ref.stream_pk}:{n}")
         # Whenever the wake arrived, what it announces was already visible.
         assert listener.visible_at_wake[-1] == (ref.stream_pk, n)
         listener.payloads.clear()
@@ -97,7 +100,8 @@ async def test_many_streams_each_get_a_wake_after_their_last_commit(
     await asyncio.gather(*(append(store, ref, [i]) for ref in refs for i in range(4)))
     await listener.settle(store)
     for ref in refs:
-        assert f"r{ref.stream_pk}" in listener.payloads
+        announced = [seq for pk, seq in listener.announced if pk == ref.stream_pk]
+        assert announced and announced == sorted(announced) and announced[-1] == 4
         seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
         assert seen and max(seen) == 4  # never a wake without the commit behind it
 
@@ -113,7 +117,7 @@ async def test_the_group_transaction_itself_sends_no_notify(
     # the append's commit could have sent.
     await pool.execute("SELECT pg_notify('workflow_streams', 'sentinel')")
     await listener.wait_for("sentinel")
-    assert f"r{ref.stream_pk}" not in listener.payloads
+    assert [pk for pk, _ in listener.announced if pk == ref.stream_pk] == []
 
 
 async def test_the_seven_argument_form_still_notifies_at_commit(
@@ -125,7 +129,7 @@ async def test_the_seven_argument_form_still_notifies_at_commit(
         QUERIES["records_append"], ref.stream_pk, [1], [None], ["h"], ["1"], [1], [None]
     )
     assert rows[0]["outcome"] == "appended"
-    await listener.wait_for(f"r{ref.stream_pk}")
+    await listener.wait_for(f"r{ref.stream_pk}:1")
 
 
 class FakePool:
@@ -168,6 +172,35 @@ async def test_a_failed_wake_send_is_retried() -> None:
     assert sender.statements == 1
 
 
+async def test_of_a_stream_s_queued_wakes_only_the_last_goes_out() -> None:
+    # Announced in commit order, the last says the most (r<pk>:<latest sequence>); it
+    # goes in the place of the stream's first.
+    fake = FakePool()
+    sender = WakeSender(fake)  # type: ignore[arg-type]
+    for payload in ["r1:5", "r2:3", "r1:7", "c1", "r2:4"]:
+        sender.announce(payload)
+    await sender.drain()
+    assert fake.calls == [["r1:7", "r2:4", "c1"]]
+
+
+async def test_a_retried_wake_gives_way_to_a_newer_one_of_its_stream() -> None:
+    sender: WakeSender
+
+    class Failing(FakePool):
+        async def fetchval(self, query: str, payloads: list[str]) -> int:
+            if len(self.calls) == 0:
+                sender.announce("r7:2")  # committed while the first send failed
+                sender.announce("r8:1")
+            return await super().fetchval(query, payloads)
+
+    fake = Failing(failures=1)
+    sender = WakeSender(fake, retry_delay=0.001)  # type: ignore[arg-type]
+    sender.announce("r7:1")
+    await sender.drain()
+    assert fake.calls == [["r7:1"], ["r7:2", "r8:1"]]
+    assert sender.statements == 1
+
+
 async def test_wake_send_commits_without_waiting_for_a_wal_flush(pool: asyncpg.Pool) -> None:
     # The notifying transaction is asynchronous-commit: its setting is local to it.
     async with pool.acquire() as conn:
@@ -188,7 +221,7 @@ async def test_a_lone_append_notifies_in_its_own_transaction(
     ref = await watched_stream(store)
     for n in range(1, 4):
         await append(store, ref, [n])
-        await listener.wait_for(f"r{ref.stream_pk}")
+        await listener.wait_for(f"r{ref.stream_pk}:{n}")
         assert listener.visible_at_wake[-1] == (ref.stream_pk, n)
         listener.payloads.clear()
     # Each wake came with its commit: no wake statement of its own.
@@ -207,7 +240,11 @@ async def test_concurrent_groups_announce_after_commit_instead(
     await asyncio.gather(*(append(store, ref, batch) for ref in refs for _ in range(3)))
     await listener.settle(store)
     for ref in refs:
-        assert f"r{ref.stream_pk}" in listener.payloads
+        announced = [seq for pk, seq in listener.announced if pk == ref.stream_pk]
+        # Each wake says how far its commit reached; the last says everything.
+        assert announced and announced == sorted(announced)
+        assert set(announced) <= {PARALLEL_RECORDS * k for k in (1, 2, 3)}
+        assert announced[-1] == 3 * PARALLEL_RECORDS
         seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
         assert seen and max(seen) == 3 * PARALLEL_RECORDS  # the last commit's wake
     assert 1 <= store.wakes.statements < 6 * 3

@@ -1,0 +1,147 @@
+-- 0012: a record wake says up to which sequence the stream has committed: 'r<pk>:<seq>'.
+--
+-- A live follower of the appending process has usually delivered those records already,
+-- fed from the statement's own answer (docs/live.md); with the sequence in the wake it
+-- skips the read it would otherwise make for every commit (SSE benchmark: follower reads
+-- per append; docs/live.md). Readers still accept the plain 'r<pk>' of older processes
+-- and of other senders (an operator's retry): that one always means "read".
+--
+-- Unchanged: outcomes, rows, when it notifies (0011) and p_notify's meaning. The only
+-- change is the payload, below.
+
+CREATE OR REPLACE FUNCTION workflow_streams.append_requests(
+    p_stream_pk bigint,
+    p_counts    integer[],
+    p_keys      text[],
+    p_hashes    text[],
+    p_payloads  text[],
+    p_sizes     integer[],
+    p_objects   jsonb[],
+    p_notify    boolean
+) RETURNS TABLE (request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s               workflow_streams.streams%ROWTYPE;
+    v_credit        jsonb;
+    v_max_unread_i  bigint;
+    v_max_unread_b  bigint;
+    v_max_total_i   bigint;
+    v_max_total_b   bigint;
+    v_requests      integer := coalesce(array_length(p_counts, 1), 0);
+    v_seq           bigint[];   -- [k]: sequence of record k; NULL unless appended
+    v_cum           bigint[];   -- [k]: cumulative_bytes of record k once appended
+    v_latest_before bigint;
+    v_offset        integer := 0;
+    v_n             integer;
+    v_bytes         bigint;
+    v_receipt       workflow_streams.append_receipts%ROWTYPE;
+    v_appended      boolean := false;
+    i               integer;
+    g               integer;
+BEGIN
+    SELECT * INTO s FROM workflow_streams.streams WHERE stream_pk = p_stream_pk FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT n::integer, 'not_found'::text, NULL::bigint, NULL::bigint
+                     FROM generate_series(1, v_requests) n;
+        RETURN;
+    END IF;
+    v_credit        := s.definition -> 'credit';
+    v_max_unread_i  := (v_credit ->> 'max_unread_items')::bigint;
+    v_max_unread_b  := (v_credit ->> 'max_unread_bytes')::bigint;
+    v_max_total_i   := (v_credit ->> 'max_total_items')::bigint;
+    v_max_total_b   := (v_credit ->> 'max_total_bytes')::bigint;
+    v_latest_before := s.latest_sequence;
+    -- Full length from the start: unnest below pairs v_seq with p_payloads by position.
+    v_seq           := array_fill(NULL::bigint, ARRAY[coalesce(array_length(p_sizes, 1), 0)]);
+    v_cum           := v_seq;
+
+    FOR i IN 1 .. v_requests LOOP
+        -- Request i is records v_offset + 1 .. v_offset + v_n ([0] is NULL: no records).
+        v_n := p_counts[i];
+        v_bytes := 0;
+        FOR g IN v_offset + 1 .. v_offset + v_n LOOP
+            v_bytes := v_bytes + p_sizes[g];
+        END LOOP;
+        request_index := i;
+        first_sequence := NULL;
+        last_sequence := NULL;
+
+        IF p_keys[i] IS NOT NULL THEN
+            SELECT * INTO v_receipt FROM workflow_streams.append_receipts
+             WHERE stream_pk = p_stream_pk AND idempotency_key = p_keys[i];
+            IF FOUND THEN
+                IF v_receipt.request_hash = p_hashes[i] THEN
+                    outcome := 'replayed';
+                    first_sequence := v_receipt.first_sequence;
+                    last_sequence := v_receipt.last_sequence;
+                ELSE
+                    outcome := 'key_reused';
+                END IF;
+                RETURN NEXT;
+                v_offset := v_offset + v_n;
+                CONTINUE;
+            END IF;
+        END IF;
+
+        -- Every ceiling is the largest allowed value: reaching it is allowed.
+        IF s.closed_at IS NOT NULL THEN
+            outcome := 'stream_closed';
+        ELSIF (v_max_total_i IS NOT NULL AND s.total_items + v_n > v_max_total_i)
+           OR (v_max_total_b IS NOT NULL AND s.total_bytes + v_bytes > v_max_total_b) THEN
+            outcome := 'quota_exhausted';
+        ELSIF s.min_acked_sequence IS NOT NULL AND (
+                 (v_max_unread_i IS NOT NULL
+                  AND s.latest_sequence - s.min_acked_sequence + v_n > v_max_unread_i)
+              OR (v_max_unread_b IS NOT NULL
+                  AND s.total_bytes - s.min_acked_bytes + v_bytes > v_max_unread_b)) THEN
+            outcome := 'credit_exhausted';
+        ELSE
+            first_sequence := s.latest_sequence + 1;
+            last_sequence := s.latest_sequence + v_n;
+            FOR g IN 1 .. v_n LOOP
+                v_seq[v_offset + g] := s.latest_sequence + g;
+                s.total_bytes := s.total_bytes + p_sizes[v_offset + g];
+                v_cum[v_offset + g] := s.total_bytes;
+            END LOOP;
+            IF p_keys[i] IS NOT NULL THEN
+                INSERT INTO workflow_streams.append_receipts
+                       (stream_pk, idempotency_key, request_hash, first_sequence, last_sequence)
+                VALUES (p_stream_pk, p_keys[i], p_hashes[i], first_sequence, last_sequence);
+            END IF;
+            s.latest_sequence := last_sequence;
+            s.total_items := s.total_items + v_n;  -- (total_bytes grew in the loop above)
+            v_appended := true;
+            outcome := 'appended';
+        END IF;
+        RETURN NEXT;
+        v_offset := v_offset + v_n;
+    END LOOP;
+
+    IF v_appended THEN
+        -- The accepted records of every request, in order.
+        INSERT INTO workflow_streams.records
+               (stream_pk, sequence, payload, size, cumulative_bytes, object)
+        SELECT p_stream_pk, r.seq, r.payload, r.size, r.cum, r.object
+          FROM unnest(p_payloads, p_sizes, p_objects, v_seq, v_cum)
+               AS r(payload, size, object, seq, cum)
+         WHERE r.seq IS NOT NULL;
+        IF s.direction = 'input' THEN
+            INSERT INTO workflow_streams.input_deliveries (stream_pk, sequence)
+            SELECT p_stream_pk, n FROM generate_series(v_latest_before + 1, s.latest_sequence) n;
+        END IF;
+        UPDATE workflow_streams.streams
+           SET latest_sequence = s.latest_sequence,
+               total_items = s.total_items,
+               total_bytes = s.total_bytes
+         WHERE stream_pk = p_stream_pk;
+        -- A wake signal only: delivered by Postgres at commit, never before it; and only
+        -- when someone waits for it (0011). s is the row as locked above: a watch
+        -- registered before this transaction took the lock is in it. The wake carries
+        -- the stream's latest sequence at this commit (the header above).
+        IF p_notify AND (s.direction = 'input' OR s.watched_until > now()) THEN
+            PERFORM pg_notify('workflow_streams',
+                              'r' || p_stream_pk::text || ':' || s.latest_sequence::text);
+        END IF;
+    END IF;
+END;
+$$;

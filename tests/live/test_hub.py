@@ -1,0 +1,55 @@
+"""The notification hub: what a wake payload says, and who hears it.
+
+A record wake carries the stream's latest sequence at its commit (``r<pk>:<seq>``,
+migration 0012); per-stream watchers get it, everything else gets None."""
+
+from __future__ import annotations
+
+import asyncio
+
+import asyncpg
+import pytest
+
+from ductor_streams.live.hub import NotificationHub, parse_wake
+from tests.support.live import eventually
+
+
+@pytest.mark.parametrize(
+    ("payload", "wake"),
+    [
+        ("r5:17", (5, 17)),
+        ("r5", (5, None)),  # older processes, an operator's retry
+        ("c5", (5, None)),
+        ("a12", (12, None)),
+        ("a12:3", (12, None)),  # only a record wake's sequence means anything
+        ("r5:", (5, None)),
+        ("r:3", None),
+        ("r5:x", None),
+        ("settled", None),
+        ("", None),
+    ],
+)
+def test_parse_wake(payload: str, wake: tuple[int, int | None] | None) -> None:
+    assert parse_wake(payload) == wake
+
+
+async def test_watchers_get_the_announced_sequence(database_url: str, pool: asyncpg.Pool) -> None:
+    hub = NotificationHub(database_url)
+    await hub.start()
+    heard: list[tuple[int, int | None]] = []
+    heard_any: list[int] = []
+    undo = hub.subscribe(9_000_001, lambda pk, latest: heard.append((pk, latest)))
+    undo_any = hub.subscribe_any(heard_any.append)
+    try:
+        for payload in ["r9000001:4", "c9000001", "r9000001", "junk", "r9000002:1", "end"]:
+            await pool.execute("SELECT pg_notify('workflow_streams', $1)", payload)
+        await eventually(lambda: 9_000_002 in heard_any, what="the last wake")
+        assert heard == [(9_000_001, 4), (9_000_001, None), (9_000_001, None)]
+        assert heard_any == [9_000_001, 9_000_001, 9_000_001, 9_000_002]
+        with hub.watch(9_000_001) as event:
+            await pool.execute("SELECT pg_notify('workflow_streams', 'r9000001:5')")
+            await asyncio.wait_for(event.wait(), 5)
+    finally:
+        undo()
+        undo_any()
+        await hub.close()
