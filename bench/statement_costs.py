@@ -16,7 +16,9 @@ version), and prints the median microseconds per statement:
   insert, whose difference is what waiting for the flush costs;
 - 0008's ``append_requests`` (created from its migration file under another name)
   against the current one, for one request, a 16-request group and one 100-record
-  request, ``synchronous_commit`` off.
+  request, ``synchronous_commit`` off;
+- a 100-row insert into a table shaped like ``records`` with the per-row foreign key to
+  ``streams`` that migration 0013 dropped, against the same table without it.
 
 docs/credit.md quotes these figures.
 """
@@ -172,6 +174,42 @@ async def _versions(conn: asyncpg.Connection, rounds: int, calls: int) -> dict[s
     return results
 
 
+ROW_CHECK_TABLES = """
+CREATE SCHEMA bench_row_checks;
+CREATE TABLE bench_row_checks.records_checked (
+    stream_pk bigint NOT NULL REFERENCES workflow_streams.streams,
+    sequence bigint NOT NULL, payload text NOT NULL, size integer NOT NULL,
+    cumulative_bytes bigint NOT NULL, PRIMARY KEY (stream_pk, sequence));
+CREATE TABLE bench_row_checks.records_unchecked
+    (LIKE bench_row_checks.records_checked INCLUDING ALL);
+"""
+ROW_CHECK_INSERT = (
+    "INSERT INTO bench_row_checks.{table} (stream_pk, sequence, payload, size, cumulative_bytes)"
+    " SELECT $1, $2 + o, p, 8, 0 FROM unnest($3::text[]) WITH ORDINALITY AS r(p, o)"
+)
+
+
+async def _row_checks(conn: asyncpg.Connection, rounds: int, calls: int) -> dict[str, list[float]]:
+    # Two tables alike but for the key, in this benchmark's own database.
+    await conn.execute(ROW_CHECK_TABLES)
+    payloads = ['{"n": 1}'] * 100
+    results: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        pk = await _stream(conn, "row-checks")  # a fresh stream per round
+        for table, title in (
+            ("records_checked", "100-row insert, foreign key checked per row"),
+            ("records_unchecked", "100-row insert, no foreign key (0013)"),
+        ):
+            query = ROW_CHECK_INSERT.format(table=table)
+
+            def statement(i: int, query: str = query, pk: int = pk) -> Awaitable[object]:
+                return conn.execute(query, pk, i * 100, payloads)
+
+            n = max(20, calls // 4)
+            results.setdefault(title, []).append(await _per_call_us(statement, n))
+    return results
+
+
 def _print(title: str, results: dict[str, list[float]]) -> None:
     print(title)
     for name, values in results.items():
@@ -189,6 +227,9 @@ async def run(dsn: str, rounds: int, calls: int) -> None:
         _print(
             "append_requests, 0008 against now (synchronous_commit off):",
             await _versions(conn, rounds, calls),
+        )
+        _print(
+            "records' foreign key (synchronous_commit off):", await _row_checks(conn, rounds, calls)
         )
     finally:
         await conn.close()
