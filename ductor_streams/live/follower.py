@@ -29,6 +29,9 @@ A record wake says up to which sequence the stream has committed (``r<pk>:<seq>`
 migration 0012). When ``last_read`` has reached it (the feed delivered this process's
 own commit), the wake's read is skipped: everything it announces was fanned out already.
 A wake that carries no sequence (close, acks, a reconnect, older senders) always reads.
+Wakes of one stream may arrive out of order (one queued in ``store/wakes.py`` after a
+commit can be overtaken by the NOTIFY of the stream's next statement), so the largest
+announced since the last read counts.
 """
 
 from __future__ import annotations

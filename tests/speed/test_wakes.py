@@ -101,7 +101,8 @@ async def test_many_streams_each_get_a_wake_after_their_last_commit(
     await listener.settle(store)
     for ref in refs:
         announced = [seq for pk, seq in listener.announced if pk == ref.stream_pk]
-        assert announced and announced == sorted(announced) and announced[-1] == 4
+        # Each wake says how far some commit reached; the last commit's is among them.
+        assert announced and set(announced) <= {1, 2, 3, 4} and max(announced) == 4
         seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
         assert seen and max(seen) == 4  # never a wake without the commit behind it
 
@@ -241,10 +242,12 @@ async def test_concurrent_groups_announce_after_commit_instead(
     await listener.settle(store)
     for ref in refs:
         announced = [seq for pk, seq in listener.announced if pk == ref.stream_pk]
-        # Each wake says how far its commit reached; the last says everything.
-        assert announced and announced == sorted(announced)
-        assert set(announced) <= {PARALLEL_RECORDS * k for k in (1, 2, 3)}
-        assert announced[-1] == 3 * PARALLEL_RECORDS
+        # Each wake says how far its commit reached, and the last commit's is among them.
+        # They may arrive out of order: a wake queued after one commit can be overtaken
+        # by the NOTIFY of the stream's next statement, sent alone and so at its commit.
+        # Readers take the largest (the follower's max).
+        assert announced and set(announced) <= {PARALLEL_RECORDS * k for k in (1, 2, 3)}
+        assert max(announced) == 3 * PARALLEL_RECORDS
         seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
         assert seen and max(seen) == 3 * PARALLEL_RECORDS  # the last commit's wake
     assert 1 <= store.wakes.statements < 6 * 3
