@@ -23,7 +23,10 @@ every commit still sends brings a read, which delivers it. While a statement of 
 process appends to the stream, a wake's read waits for it to end (its wake often
 arrives before its own answer, and the read would then deliver its records a round trip
 later than the feed): the read still happens, right after, and the safety poll reads
-regardless.
+regardless. Once a fed batch did not follow on because records committed elsewhere
+come first, the wake's read goes at once instead: with this process's statements
+following each other back to back, "after it ends" might otherwise not come until the
+process stops appending.
 
 A record wake says up to which sequence the stream has committed (``r<pk>:<seq>``,
 migration 0012). When ``last_read`` has reached it (the feed delivered this process's
@@ -88,6 +91,9 @@ class StreamFollower:
         # The highest sequence a wake since the last read announced (READ_ALL: unknown, or
         # the poll ran out); a read is due while it is above last_read.
         self._read_to = 0
+        # A fed batch showed records committed elsewhere that were never read: their
+        # wake's read goes at once, even beside a statement of ours (see _deliver_fed).
+        self._read_now = False
         self._fed: deque[list[Record]] = deque()
         self._own_appends = 0  # statements of this process appending to the stream now
         self._stopped = False
@@ -172,8 +178,9 @@ class StreamFollower:
                 return
             try:
                 await self._deliver_fed()
-                if self._read_due and (polled or not self._own_appends):
+                if self._read_due and (polled or self._read_now or not self._own_appends):
                     self._read_to = 0
+                    self._read_now = False
                     await self._read_new()
             except Exception:
                 # The pool or the database hiccuped: try again soon. Subscribers keep
@@ -195,8 +202,14 @@ class StreamFollower:
                 if fed and fed[0].sequence == expected:
                     records.extend(fed)
                     expected = fed[-1].sequence + 1
-                # else: read already, or another writer's records come first (the
-                # wake's read delivers them and these)
+                elif fed:
+                    # Records before these were committed by another writer (or carry
+                    # an object, which is never fed) and not read yet. Their wake's read
+                    # must not wait for our statements to end: with statements following
+                    # each other back to back, that would be when this process stops
+                    # appending. Holding it back only served to let the feed go first.
+                    self._read_now = True
+                # else: read already
             if not records:
                 return
             await self._fan_out(LiveBatch(records, records[-1].sequence, False))

@@ -9,6 +9,7 @@ import asyncio
 from datetime import UTC, datetime
 
 import asyncpg
+import pytest
 
 from ductor_streams.live import followers as followers_module
 from ductor_streams.live.config import LiveSettings
@@ -162,21 +163,25 @@ async def test_fed_batches_racing_reads_and_another_writer_deliver_each_record_o
     subs = [await followers.subscribe(ref.stream_pk, 0) for _ in range(3)]
     received: list[list[int]] = [[] for _ in subs]
 
-    async def write(store: Store, tag: str) -> None:
-        for i in range(40):
+    async def write(store: Store, tag: str, appends: int) -> None:
+        for i in range(appends):
             await store.append(ref, encode_batch([f"{tag}{i}"] * (1 + i % 3), idempotency_key=None))
 
-    await asyncio.gather(*(write(ours, f"o{n}") for n in range(4)), write(other, "t"))
+    # The other writer stops halfway. While both write, their commits mostly alternate
+    # (each waits for the row lock behind the other), so nearly every fed batch has the
+    # other's records before it and is dropped for the read; afterwards our fed batches
+    # follow on. Both paths and the hand-over between them run in every run.
+    await asyncio.gather(*(write(ours, f"o{n}", 40) for n in range(4)), write(other, "t", 20))
     latest = await pool.fetchval(
         "SELECT latest_sequence FROM workflow_streams.streams WHERE stream_pk = $1", ref.stream_pk
     )
-    assert latest == 5 * (14 * 1 + 13 * 2 + 13 * 3)
+    assert latest == 4 * (14 * 1 + 13 * 2 + 13 * 3) + (7 * 1 + 7 * 2 + 6 * 3)
     await asyncio.gather(*(drain(s, got, latest) for s, got in zip(subs, received, strict=True)))
     for got, sub in zip(received, subs, strict=True):
         assert got == list(range(1, latest + 1))
         assert sub.gaps == 0 and sub.overflows == 0
     follower = followers.follower(ref.stream_pk)
-    assert follower is not None and follower.fed_batches > 0
+    assert follower is not None and follower.fed_batches > 0 and follower.reads > 0
     for s in subs:
         followers.release(ref.stream_pk, s)
 
@@ -269,4 +274,38 @@ async def test_the_wake_of_an_own_append_arriving_first_brings_no_read(pool, dat
     assert got == [1, 2]
     assert await sub.next(0.2) is None
     assert follower.fed_batches == 1 and follower.reads == 0
+    followers.release(ref.stream_pk, sub)
+
+
+@pytest.mark.parametrize("wake_first", [True, False])
+async def test_a_fed_batch_after_unread_records_reads_at_once_beside_own_statements(
+    pool, database_url, tenant, wake_first
+):
+    """Our statements follow each other back to back, so one is always in flight, and
+    another writer committed in between: once a fed batch shows the hole, the wake's
+    read goes at once (whether the wake came before or after it), rather than when this
+    process stops appending."""
+    hub = NotificationHub(database_url)  # never LISTENs: wakes by hand
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
+    store = Store(pool)  # feeds nothing: our statements are played by hand
+    ref = await new_stream(store, tenant)
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None
+    followers.appending(ref.stream_pk, True)  # our statement A
+    assert await add(store, ref, ["theirs"]) == 1  # another process's commit
+    if wake_first:
+        hub._wake(ref.stream_pk, 1)  # its wake: held back for A
+    assert await add(store, ref, ["A"]) == 2  # what A committed
+    followers.appending(ref.stream_pk, True)  # B starts before A has ended
+    followers.committed(ref.stream_pk, (await read_page(pool, ref.stream_pk, 1, 10)).records)
+    followers.appending(ref.stream_pk, False)  # A ends; B goes on
+    if not wake_first:
+        assert await sub.next(0.2) is None  # no wake yet: nothing read
+        assert follower.reads == 0
+        hub._wake(ref.stream_pk, 1)
+    got: list[int] = []
+    await drain(sub, got, 2)
+    assert got == [1, 2] and follower.reads == 1 and sub.gaps == 0
+    followers.appending(ref.stream_pk, False)
     followers.release(ref.stream_pk, sub)
