@@ -7,16 +7,20 @@ from __future__ import annotations
 
 import asyncio
 from datetime import UTC, datetime
+from typing import NamedTuple
 
 import asyncpg
 import pytest
 
 from ductor_streams.live import followers as followers_module
 from ductor_streams.live.config import LiveSettings
+from ductor_streams.live.follower import StreamFollower
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub
+from ductor_streams.live.subscription import Subscription
 from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.append import committed_records
+from ductor_streams.store.models import StreamRef
 from ductor_streams.store.read import read_page
 from tests.live.test_followers import add, drain, new_stream
 from tests.support.live import eventually
@@ -26,6 +30,30 @@ def feeding_store(pool: asyncpg.Pool, followers: Followers) -> Store:
     store = Store(pool)  # its own appender: the session's store stays unfed
     store.appender.feed = followers
     return store
+
+
+class ByHand(NamedTuple):
+    """One subscriber following a stream through a hub that never LISTENs: the test
+    delivers the wakes itself (``hub._wake``). ``store`` feeds the followers, as this
+    process's appender does, when asked for."""
+
+    hub: NotificationHub
+    followers: Followers
+    store: Store
+    ref: StreamRef
+    sub: Subscription
+    follower: StreamFollower
+
+
+async def by_hand(pool, database_url, tenant, *, feeding: bool) -> ByHand:
+    hub = NotificationHub(database_url)
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
+    store = feeding_store(pool, followers) if feeding else Store(pool)
+    ref = await new_stream(store, tenant)
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None
+    return ByHand(hub, followers, store, ref, sub, follower)
 
 
 async def test_fed_records_arrive_without_a_read_exactly_as_read(pool, database_url, tenant):
@@ -132,15 +160,10 @@ def test_records_with_an_object_are_left_to_the_read() -> None:
 
 
 async def test_a_fed_batch_that_does_not_follow_on_waits_for_the_read(pool, database_url, tenant):
-    # A hub that never LISTENs: the wakes are delivered by hand below.
-    hub = NotificationHub(database_url)
-    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
-    ours = feeding_store(pool, followers)
+    hub, followers, ours, ref, sub, follower = await by_hand(
+        pool, database_url, tenant, feeding=True
+    )
     other = Store(pool)  # another process: it commits and announces, it never feeds
-    ref = await new_stream(ours, tenant)
-    sub = await followers.subscribe(ref.stream_pk, 0)
-    follower = followers.follower(ref.stream_pk)
-    assert follower is not None
     assert await add(other, ref, ["theirs"]) == 1
     assert await add(ours, ref, ["ours"]) == 2  # fed, but sequence 1 was never read
     assert await sub.next(0.2) is None  # nothing skipped ahead of sequence 1
@@ -187,14 +210,10 @@ async def test_fed_batches_racing_reads_and_another_writer_deliver_each_record_o
 
 
 async def test_a_wake_during_an_own_append_is_read_after_it(pool, database_url, tenant):
-    # The hub never LISTENs: wakes are delivered by hand.
-    hub = NotificationHub(database_url)
-    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
-    other = Store(pool)  # another process's appends: committed, never fed
-    ref = await new_stream(other, tenant)
-    sub = await followers.subscribe(ref.stream_pk, 0)
-    follower = followers.follower(ref.stream_pk)
-    assert follower is not None
+    # The store's appends stand for another process's: committed, never fed.
+    hub, followers, other, ref, sub, follower = await by_hand(
+        pool, database_url, tenant, feeding=False
+    )
     followers.appending(ref.stream_pk, True)  # a statement of ours is in flight
     assert await add(other, ref, ["theirs"]) == 1
     hub._wake(ref.stream_pk)
@@ -229,14 +248,10 @@ async def test_a_wake_for_records_already_delivered_brings_no_read(pool, databas
     """A record wake says how far its commit reached (``r<pk>:<seq>``, migration 0012):
     a follower that already delivered that far skips the read; further, or a wake that
     does not say, reads."""
-    hub = NotificationHub(database_url)  # never LISTENs: wakes are delivered by hand
-    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
-    ours = feeding_store(pool, followers)
+    hub, followers, ours, ref, sub, follower = await by_hand(
+        pool, database_url, tenant, feeding=True
+    )
     other = Store(pool)
-    ref = await new_stream(ours, tenant)
-    sub = await followers.subscribe(ref.stream_pk, 0)
-    follower = followers.follower(ref.stream_pk)
-    assert follower is not None
     assert await add(ours, ref, ["a", "b"]) == 2
     got: list[int] = []
     await drain(sub, got, 2)
@@ -257,13 +272,10 @@ async def test_a_wake_for_records_already_delivered_brings_no_read(pool, databas
 
 async def test_the_wake_of_an_own_append_arriving_first_brings_no_read(pool, database_url, tenant):
     # The wake often reaches the hub before the statement's answer reaches the appender.
-    hub = NotificationHub(database_url)
-    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
-    store = Store(pool)  # feeds nothing: the statement is played by hand
-    ref = await new_stream(store, tenant)
-    sub = await followers.subscribe(ref.stream_pk, 0)
-    follower = followers.follower(ref.stream_pk)
-    assert follower is not None
+    # The store feeds nothing: the statement is played by hand.
+    hub, followers, store, ref, sub, follower = await by_hand(
+        pool, database_url, tenant, feeding=False
+    )
     followers.appending(ref.stream_pk, True)
     assert await add(store, ref, ["x", "y"]) == 2  # committed
     hub._wake(ref.stream_pk, 2)  # its wake, before its answer
@@ -285,13 +297,10 @@ async def test_a_fed_batch_after_unread_records_reads_at_once_beside_own_stateme
     another writer committed in between: once a fed batch shows the hole, the wake's
     read goes at once (whether the wake came before or after it), rather than when this
     process stops appending."""
-    hub = NotificationHub(database_url)  # never LISTENs: wakes by hand
-    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
-    store = Store(pool)  # feeds nothing: our statements are played by hand
-    ref = await new_stream(store, tenant)
-    sub = await followers.subscribe(ref.stream_pk, 0)
-    follower = followers.follower(ref.stream_pk)
-    assert follower is not None
+    # The store feeds nothing: our statements are played by hand.
+    hub, followers, store, ref, sub, follower = await by_hand(
+        pool, database_url, tenant, feeding=False
+    )
     followers.appending(ref.stream_pk, True)  # our statement A
     assert await add(store, ref, ["theirs"]) == 1  # another process's commit
     if wake_first:
