@@ -1,10 +1,12 @@
 """Append throughput over real HTTP, each shape beside its raw-Postgres baseline.
 
-    python -m bench.append [--runs 3] [--seconds 5] [--warmup 1] [--json out.json]
+    python -m bench.append [--runs 3] [--seconds 5] [--warmup 1] [--client loadgen|wrk]
+                           [--json out.json]
 
 Starts an isolated database and a real ``serve --no-workers`` subprocess, then for each
-shape and run: the load generator (bench/loadgen.py, its own process, closed-loop
-keep-alive connections) against the service, and the raw baseline
+shape and run: the load generator (bench/loadgen.py, or ``wrk`` through
+bench/wrk_loadgen.py: its own process, closed-loop keep-alive connections) against the
+service, and the raw baseline
 (bench/raw_postgres.py: BEGIN / lock row / INSERT / NOTIFY / COMMIT over asyncpg) with
 the same connections, streams and batch size. Runs of the shapes are interleaved so that
 drift on a busy machine hits all of them alike; the table shows medians over the runs.
@@ -32,6 +34,7 @@ from typing import Any
 
 import httpx
 
+from bench import wrk_loadgen
 from bench.environment import (
     bench_token,
     isolated_database,
@@ -123,7 +126,12 @@ def _create_streams(base_url: str, headers: dict[str, str], run_id: str, shape: 
 
 
 def run_service(
-    server: Any, headers: dict[str, str], shape: Shape, seconds: float, warmup: float
+    server: Any,
+    headers: dict[str, str],
+    shape: Shape,
+    seconds: float,
+    warmup: float,
+    client: str = "bench.loadgen",
 ) -> dict[str, Any]:
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     streams = _create_streams(server.url, headers, run_id, shape)
@@ -146,7 +154,7 @@ def run_service(
     pid = server.process.pid
     cpu_before = process_cpu_seconds(pid)
     out = subprocess.run(
-        [sys.executable, "-m", "bench.loadgen", "--port", str(server.port), "--spec", spec_path],
+        [sys.executable, "-m", client, "--port", str(server.port), "--spec", spec_path],
         check=True,
         capture_output=True,
         text=True,
@@ -209,6 +217,9 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[
             "service_p50_ms": _median(svc, "p50_ms"),
             "service_p99_ms": _median(svc, "p99_ms"),
             "server_cpu_ms_per_append": _median(svc, "server_cpu_ms_per_append"),
+            "client_cpu_us_per_request": statistics.median(
+                1e6 * r["client_cpu_seconds"] / max(1, r["all_ok"]) for r in svc
+            ),
             "raw_per_second": _median(raw, "per_second"),
             "raw_p50_ms": _median(raw, "p50_ms"),
             "raw_p99_ms": _median(raw, "p99_ms"),
@@ -234,7 +245,7 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[
 def print_table(rows: list[dict[str, Any]], out: Any = sys.stdout) -> None:
     header = (
         f"{'shape':44} {'ductor-streams':>14} {'p50 ms':>7} {'p99 ms':>7} "
-        f"{'cpu ms':>7} | {'raw Postgres':>12} {'p50 ms':>7} {'p99 ms':>7} | "
+        f"{'cpu ms':>7} {'cli us':>6} | {'raw Postgres':>12} {'p50 ms':>7} {'p99 ms':>7} | "
         f"{'ratio':>6}  target"
     )
     print(header, file=out)
@@ -247,14 +258,15 @@ def print_table(rows: list[dict[str, Any]], out: Any = sys.stdout) -> None:
             note += f"  [{r['non_2xx']} non-2xx answers]"
         print(
             f"{r['title']:44} {r['service_per_second']:>12,.0f}/s {r['service_p50_ms']:>7.2f} "
-            f"{r['service_p99_ms']:>7.2f} {r['server_cpu_ms_per_append']:>7.3f} | "
+            f"{r['service_p99_ms']:>7.2f} {r['server_cpu_ms_per_append']:>7.3f} "
+            f"{r['client_cpu_us_per_request']:>6.0f} | "
             f"{r['raw_per_second']:>10,.0f}/s {r['raw_p50_ms']:>7.2f} {r['raw_p99_ms']:>7.2f} | "
             f"{r['ratio']:>6.2f}  {note}",
             file=out,
         )
     print(
         "(per second: appends, or records for batches; cpu ms = server CPU per append "
-        "request; medians over the runs)",
+        "request; cli us = the load generator's CPU per request; medians over the runs)",
         file=out,
     )
 
@@ -273,8 +285,20 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(s.key for s in SHAPES),
         help="comma-separated subset of: " + ", ".join(s.key for s in SHAPES),
     )
+    parser.add_argument(
+        "--client",
+        choices=["loadgen", "wrk"],
+        default="loadgen",
+        help="load generator: bench/loadgen.py (Python, uvloop), or wrk through "
+        "bench/wrk_loadgen.py (C; needs Debian's wrk), a cross-check that the client "
+        "is not what limits the figures",
+    )
     parser.add_argument("--json", help="also write the raw results here")
     args = parser.parse_args(argv)
+    if args.client == "wrk" and not wrk_loadgen.available():
+        parser.error("wrk is not on the PATH (apt-get install wrk)")
+    client = f"bench.{'wrk_loadgen' if args.client == 'wrk' else 'loadgen'}"
+    print(f"load generator: {client}", file=sys.stderr, flush=True)
     wanted = [s for s in SHAPES if s.key in set(args.shapes.split(","))]
     if not wanted:
         parser.error("no known shape selected")
@@ -296,13 +320,16 @@ def main(argv: list[str] | None = None) -> int:
                         f"run {run + 1}/{args.runs}: {shape.title} ...", file=sys.stderr, flush=True
                     )
                     results[shape.key]["service"].append(
-                        run_service(server, headers, shape, args.seconds, args.warmup)
+                        run_service(server, headers, shape, args.seconds, args.warmup, client)
                     )
                     results[shape.key]["raw"].append(run_raw(dsn, shape, args.seconds, args.warmup))
     rows = summarise(results)
     print_table(rows)
+    print(f"(load generator: {client})")
     if args.json:
-        Path(args.json).write_text(json.dumps({"rows": rows, "runs": results}, indent=2))
+        Path(args.json).write_text(
+            json.dumps({"client": client, "rows": rows, "runs": results}, indent=2)
+        )
     return 0
 
 

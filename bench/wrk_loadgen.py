@@ -1,0 +1,186 @@
+"""The same closed-loop load as ``bench.loadgen``, driven by ``wrk`` (Debian's package).
+
+    python -m bench.wrk_loadgen --port 8000 --spec spec.json
+
+Same spec file and same JSON answer as ``bench.loadgen``, so ``bench.append`` can use
+either: a cross-check that the client is not what limits the figures. On a 2-core
+machine the client's CPU is taken from the server and Postgres; wrk is C and spends
+about half of ``bench.loadgen``'s (16 x 1, 5 interleaved pairs: 13-22 against 26-33
+us per request), yet the appends/s came out alike (medians 5,908 against 6,520/s, each
+within the other's spread): the Python client is not the limit (bench/README.md).
+
+How the spec maps onto wrk: one wrk thread per distinct request path, with the
+connections of that path (``-t paths -c connections``), each thread sending its
+path's pre-built request again and again on keep-alive connections, one at a time
+per connection; so "16 clients, 16 streams" is 16 threads of one connection and
+"16 clients, 1 stream" one thread of 16. A warm-up run of ``warmup`` seconds comes
+first; the measured run's figures come from a Lua ``done`` hook that prints them as
+JSON. wrk counts answers with status 400 or above as errors and nothing else, so the
+statuses are ``"2xx/3xx"`` and ``"error"``; the append API answers no 3xx.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+# One thread state each: ``setup`` (main state) gives every thread its path; ``init``
+# (the thread's state) builds its request once; ``request`` hands it out every time.
+SCRIPT = """
+local paths = %(paths)s
+local body = %(body)s
+local headers = %(headers)s
+local given = 0
+
+function setup(thread)
+  given = given + 1
+  thread:set("path", paths[given])
+end
+
+function init(args)
+  for name, value in pairs(headers) do wrk.headers[name] = value end
+  wrk.headers["Content-Type"] = "application/json"
+  req = wrk.format("POST", path, nil, body)
+end
+
+function request()
+  return req
+end
+
+function done(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    'WRK-RESULT {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, '
+    .. '"status": %%d, "connect": %%d, "read": %%d, "write": %%d, "timeout": %%d}\\n',
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.status, e.connect, e.read, e.write, e.timeout))
+end
+"""
+
+
+def available() -> bool:
+    """Whether ``wrk`` is on the PATH."""
+    return shutil.which("wrk") is not None
+
+
+def _lua_string(value: str) -> str:
+    # Lua's long brackets take the text as it is; JSON bodies and tokens hold no "]==]".
+    assert "]==]" not in value
+    return f"[==[{value}]==]"
+
+
+def script(spec: dict[str, Any]) -> tuple[str, int, int]:
+    """The Lua script for ``spec``, its thread count and its connection count.
+
+    Connections are grouped by path; every path must have as many connections (as
+    ``bench.append``'s shapes do: connection i appends to stream i % streams)."""
+    by_path: dict[str, int] = {}
+    for c in spec["connections"]:
+        by_path[c["path"]] = by_path.get(c["path"], 0) + 1
+    if len(set(by_path.values())) != 1:
+        raise ValueError("wrk needs as many connections on every path")
+    first = spec["connections"][0]
+    if any(
+        c["body"] != first["body"] or c["headers"] != first["headers"] for c in spec["connections"]
+    ):
+        raise ValueError("wrk sends one body and one set of headers")
+    body = json.dumps(first["body"], separators=(",", ":"))
+    headers = ", ".join(
+        f"[ {_lua_string(k)} ] = {_lua_string(v)}" for k, v in first["headers"].items()
+    )
+    text = SCRIPT % {
+        "paths": "{" + ", ".join(_lua_string(p) for p in by_path) + "}",
+        "body": _lua_string(body),
+        "headers": "{" + headers + "}",
+    }
+    return text, len(by_path), len(spec["connections"])
+
+
+def parse(stdout: str) -> dict[str, int]:
+    """The figures the ``done`` hook printed."""
+    for line in stdout.splitlines():
+        if line.startswith("WRK-RESULT "):
+            figures: dict[str, int] = json.loads(line.removeprefix("WRK-RESULT "))
+            return figures
+    raise RuntimeError(f"wrk printed no result:\n{stdout}")
+
+
+def _wrk(
+    url: str, script_path: str, threads: int, connections: int, seconds: float
+) -> dict[str, int]:
+    out = subprocess.run(
+        [
+            "wrk",
+            f"-t{threads}",
+            f"-c{connections}",
+            f"-d{max(1, round(seconds))}s",
+            "--timeout",
+            "10s",
+            "-s",
+            script_path,
+            url,
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    return parse(out.stdout)
+
+
+def run(host: str, port: int, spec: dict[str, Any]) -> dict[str, Any]:
+    """Warm up, then measure; the answer has ``bench.loadgen``'s fields."""
+    text, threads, connections = script(spec)
+    url = f"http://{host}:{port}/"
+    cpu_before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    with tempfile.TemporaryDirectory() as folder:
+        script_path = str(Path(folder) / "append.lua")
+        Path(script_path).write_text(text)
+        warm = {"requests": 0, "status": 0}
+        if float(spec.get("warmup", 1.0)) > 0:
+            warm = _wrk(url, script_path, threads, connections, float(spec.get("warmup", 1.0)))
+        measured = _wrk(url, script_path, threads, connections, float(spec["seconds"]))
+    cpu_after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    elapsed = measured["duration_us"] / 1e6
+    socket_errors = sum(measured[k] for k in ("connect", "read", "write", "timeout"))
+    ok = measured["requests"] - measured["status"]
+    statuses = {"2xx/3xx": ok}
+    if measured["status"]:
+        statuses["error"] = measured["status"]
+    if socket_errors:
+        statuses["socket error"] = socket_errors
+    return {
+        "requests": measured["requests"],
+        "ok": ok,
+        "statuses": statuses,
+        "elapsed": elapsed,
+        "per_second": ok / elapsed if elapsed > 0 else 0.0,
+        "p50_ms": measured["p50_us"] / 1000,
+        "p99_ms": measured["p99_us"] / 1000,
+        "all_ok": ok + warm["requests"] - warm["status"],
+        "client_cpu_seconds": (cpu_after.ru_utime + cpu_after.ru_stime)
+        - (cpu_before.ru_utime + cpu_before.ru_stime),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.wrk_loadgen", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, required=True)
+    parser.add_argument("--spec", required=True, help="JSON file (bench.loadgen's docstring)")
+    args = parser.parse_args(argv)
+    with open(args.spec, encoding="utf-8") as f:
+        spec = json.load(f)
+    json.dump(run(args.host, args.port, spec), sys.stdout)
+    sys.stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
