@@ -12,13 +12,16 @@ from itertools import accumulate
 
 import asyncpg
 
+from ductor_streams.schema import QUERIES
 from ductor_streams.store import EncodedBatch, Store, StreamRef, encode_batch
+from ductor_streams.store.append import statement_arguments
 from tests.support.credit import make_stream
+from tests.support.live import eventually
 
 APPEND = """
 SELECT request_index, outcome, first_sequence, last_sequence
   FROM workflow_streams.append_requests($1, $2::integer[], $3::text[], $4::text[],
-                                        $5::text[], $6::integer[], $7::jsonb[], false)
+                                        $5::text[], $6::integer[], $7::jsonb[], $8)
 """
 
 Row = tuple[int, str, int | None, int | None]
@@ -39,7 +42,9 @@ def batch(*payloads: object, key: str | None = None, obj: dict | None = None) ->
     return encode_batch(list(payloads), idempotency_key=key, objects=objects)
 
 
-async def append_group(pool: asyncpg.Pool, ref: StreamRef, group: list[EncodedBatch]) -> list[Row]:
+async def append_group(
+    pool: asyncpg.Pool, ref: StreamRef, group: list[EncodedBatch], *, notify: bool = False
+) -> list[Row]:
     rows = await pool.fetch(
         APPEND,
         ref.stream_pk,
@@ -49,6 +54,7 @@ async def append_group(pool: asyncpg.Pool, ref: StreamRef, group: list[EncodedBa
         [p for b in group for p in b.payloads],
         [s for b in group for s in b.sizes],
         [o for b in group for o in b.objects],
+        notify,
     )
     return [tuple(r) for r in rows]
 
@@ -230,3 +236,157 @@ async def test_a_large_group_with_every_other_request_refused(
         ref.stream_pk,
     )
     assert [r["sequence"] for r in sequences] == list(range(1, last + 1))
+
+
+@dataclass(frozen=True)
+class Case:
+    """A stream (made twice, alike) and the group of requests it gets."""
+
+    group: list[EncodedBatch]
+    whole: bool  # every request appended, so append_stream_groups need not decide it
+    direction: str = "output"
+    consumers: tuple[str, ...] = ()
+    ceilings: tuple[tuple[str, int], ...] = ()
+    acked: int | None = None  # what consumer "c" acks of the two records put in first
+    closed: bool = False
+    watched: bool = False
+
+
+def _cases() -> list[Case]:
+    two_plain = [batch("p1"), batch("p2", {"p": 3}), batch([4])]
+    return [
+        Case(two_plain, whole=True, watched=True),
+        Case([batch("i1", "i2"), batch({"i": 3})], whole=True, direction="input"),
+        # Reaching a ceiling is allowed: 2 put in first + 3 = 5.
+        Case([batch("a"), batch("b", "c")], whole=True, ceilings=(("max_total_items", 5),)),
+        # One record past it: the group is decided request by request.
+        Case(
+            [batch("a"), batch("b", "c"), batch("d")],
+            whole=False,
+            ceilings=(("max_total_items", 5),),
+        ),
+        Case(
+            [batch("x" * 30), batch("y")],
+            whole=True,
+            ceilings=(("max_total_bytes", 2 * len('"first"') + 32 + 3),),
+        ),
+        # Unread credit after the ack: 2 - 1 + 2 fits 3, + 1 more does not.
+        Case(
+            [batch("u1", "u2"), batch("u3")],
+            whole=False,
+            consumers=("c",),
+            ceilings=(("max_unread_items", 3),),
+            acked=1,
+        ),
+        Case(
+            [batch("u1", "u2")],
+            whole=True,
+            consumers=("c",),
+            ceilings=(("max_unread_items", 3),),
+            acked=1,
+        ),
+        Case([batch("k1"), batch("k2", key="k")], whole=False),
+        Case([batch("late")], whole=False, closed=True),
+        Case([batch("o1", "o2", obj={"object_id": "o-9"}), batch("o3")], whole=True),
+    ]
+
+
+async def _make_case(pool: asyncpg.Pool, store: Store, case: Case) -> StreamRef:
+    ref = await make_stream(
+        store, direction=case.direction, consumers=list(case.consumers), **dict(case.ceilings)
+    )
+    await store.append(ref, batch("first", "first"))
+    if case.acked is not None:
+        await store.ack(ref, "c", case.acked)
+    if case.closed:
+        await store.close(ref)
+    if case.watched:
+        await pool.execute(
+            "UPDATE workflow_streams.streams SET watched_until = now() + interval '1 hour'"
+            " WHERE stream_pk = $1",
+            ref.stream_pk,
+        )
+    return ref
+
+
+async def _state(pool: asyncpg.Pool, ref: StreamRef) -> tuple[object, ...]:
+    deliveries = await pool.fetch(
+        "SELECT sequence FROM workflow_streams.input_deliveries"
+        " WHERE stream_pk = $1 ORDER BY sequence",
+        ref.stream_pk,
+    )
+    return (
+        await stored(pool, ref),
+        await counters(pool, ref),
+        await receipts(pool, ref),
+        [d["sequence"] for d in deliveries],
+    )
+
+
+async def test_stream_groups_answer_and_store_as_each_group_alone(
+    pool: asyncpg.Pool, store: Store
+) -> None:
+    # Migration 0014: append_stream_groups appends a group that nothing can refuse
+    # itself, in one pass with the others, and leaves every other group to
+    # append_requests. Each case's stream is made twice: one twin gets all the groups
+    # through append_stream_groups, the other its group alone through
+    # append_requests (the reference). Answers, records, counters, receipts,
+    # deliveries and wakes must match, and append_requests must have been called for
+    # exactly the groups that are not whole.
+    cases = _cases()
+    combined = [await _make_case(pool, store, c) for c in cases]
+    alone = [await _make_case(pool, store, c) for c in cases]
+    missing = max(r.stream_pk for r in combined + alone) + 1_000  # no such stream
+    order = sorted(range(len(cases)), key=lambda i: combined[i].stream_pk)
+    groups = [(combined[i].stream_pk, cases[i].group) for i in order]
+    groups.append((missing, [batch("nowhere")]))
+
+    wakes: list[str] = []
+
+    def heard(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        wakes.append(payload)
+
+    async with pool.acquire() as listener:
+        await listener.add_listener("workflow_streams", heard)
+        try:
+            async with pool.acquire() as conn, conn.transaction():
+                await conn.execute("SET LOCAL track_functions = 'pl'")
+                rows = await conn.fetch(
+                    QUERIES["records_append_stream_groups"],
+                    [pk for pk, _ in groups],
+                    [len(g) for _, g in groups],
+                    [sum(b.count for b in g) for _, g in groups],
+                    *statement_arguments([b for _, g in groups for b in g]),
+                    True,
+                )
+                calls = await conn.fetchval(
+                    "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"
+                    " WHERE schemaname = 'workflow_streams' AND funcname = 'append_requests'"
+                )
+            reference = [
+                await append_group(pool, ref, c.group, notify=True)
+                for ref, c in zip(alone, cases, strict=True)
+            ]
+            expected_wakes = {
+                f"r{ref.stream_pk}:{(await counters(pool, ref))[0]}"
+                for ref, case in zip(combined + alone, cases + cases, strict=True)
+                if case.direction == "input" or case.watched
+            }
+            await eventually(lambda: expected_wakes <= set(wakes), what="the wakes")
+        finally:
+            await listener.remove_listener("workflow_streams", heard)
+
+    assert calls == sum(not c.whole for c in cases) + 1  # + the missing stream
+    answers: dict[int, list[Row]] = {}
+    for r in rows:
+        pk = groups[r["group_index"] - 1][0]
+        answers.setdefault(pk, []).append(
+            (r["request_index"], r["outcome"], r["first_sequence"], r["last_sequence"])
+        )
+    assert answers[missing] == [(1, "not_found", None, None)]
+    for case, ref_c, ref_a, expected in zip(cases, combined, alone, reference, strict=True):
+        assert answers[ref_c.stream_pk] == expected, case
+        assert await _state(pool, ref_c) == await _state(pool, ref_a), case
+    # No other record wake of these streams (close sends "c<pk>"; these carry ":").
+    ours = {r.stream_pk for r in combined + alone}
+    assert {w for w in wakes if ":" in w and int(w[1:].split(":")[0]) in ours} == expected_wakes
