@@ -197,6 +197,25 @@ def run_raw(dsn: str, shape: Shape, seconds: float, warmup: float) -> dict[str, 
     return result
 
 
+# A shape measured against another (its overhead): their service runs go back to back.
+TWIN_OF = {"16x1credit": "16x1"}
+
+
+def rounds(wanted: list[Shape], run: int) -> list[list[Shape]]:
+    """The shapes of one run, in order, each with the shapes whose service runs go
+    right beside its own: the credit shape beside plain 16 x 1, first on every other
+    run (so that neither always follows the other). A machine that drifts by tens of
+    percent within a minute otherwise moves between the two runs of a pair."""
+    keys = {s.key for s in wanted}
+    out = []
+    for shape in wanted:
+        if TWIN_OF.get(shape.key) in keys:
+            continue  # measured beside its twin
+        together = [shape] + [s for s in wanted if TWIN_OF.get(s.key) == shape.key]
+        out.append(together[::-1] if run % 2 else together)
+    return out
+
+
 def _median(runs: list[dict[str, Any]], field: str) -> float:
     return statistics.median(r[field] for r in runs)
 
@@ -231,7 +250,7 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[
         rows.append(row)
     by_key = {r["shape"]: r for r in rows}
     if "16x1credit" in by_key and "16x1" in by_key:
-        # Paired per run (same moment of the machine), then the median of the pairs.
+        # Paired per run (back to back, see rounds), then the median of the pairs.
         pairs = [
             c["per_second"] / p["per_second"]
             for c, p in zip(
@@ -315,14 +334,20 @@ def main(argv: list[str] | None = None) -> int:
             token = bench_token(settings.jwt_secret)
             headers = {"Authorization": f"Bearer {token}"}
             for run in range(args.runs):
-                for shape in wanted:
-                    print(
-                        f"run {run + 1}/{args.runs}: {shape.title} ...", file=sys.stderr, flush=True
-                    )
-                    results[shape.key]["service"].append(
-                        run_service(server, headers, shape, args.seconds, args.warmup, client)
-                    )
-                    results[shape.key]["raw"].append(run_raw(dsn, shape, args.seconds, args.warmup))
+                for together in rounds(wanted, run):
+                    for shape in together:
+                        print(
+                            f"run {run + 1}/{args.runs}: {shape.title} ...",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        results[shape.key]["service"].append(
+                            run_service(server, headers, shape, args.seconds, args.warmup, client)
+                        )
+                    for shape in together:
+                        results[shape.key]["raw"].append(
+                            run_raw(dsn, shape, args.seconds, args.warmup)
+                        )
     rows = summarise(results)
     print_table(rows)
     print(f"(load generator: {client})")
