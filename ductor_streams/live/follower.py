@@ -88,6 +88,7 @@ class StreamFollower:
         self._retry_delay = retry_delay
         self._subscribers: dict[Subscription, None] = {}
         self._wake = asyncio.Event()
+        self._polled = False  # the poll timer ran out (see _run)
         # The highest sequence a wake since the last read announced (READ_ALL: unknown, or
         # the poll ran out); a read is due while it is above last_read.
         self._read_to = 0
@@ -164,15 +165,30 @@ class StreamFollower:
         self._read_to = max(self._read_to, READ_ALL if latest is None else latest)
         self._wake.set()
 
+    def _on_poll(self) -> None:
+        # A safety net: a wake lost between commit and LISTEN costs a delay only.
+        self._polled = True
+        self._wake.set()
+
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
-            polled = False
+            # A timer rather than asyncio.wait_for, which wraps the wait in a task of its
+            # own: a wake would then reach this loop three turns of the event loop after
+            # it was set, behind the answers of the appends that fed it, instead of one.
+            poll = (
+                loop.call_later(self._poll_seconds, self._on_poll)
+                if self._poll_seconds is not None
+                else None
+            )
             try:
-                await asyncio.wait_for(self._wake.wait(), self._poll_seconds)
-            except TimeoutError:
-                # A safety net: a wake lost between commit and LISTEN costs a delay only.
+                await self._wake.wait()
+            finally:
+                if poll is not None:
+                    poll.cancel()
+            polled, self._polled = self._polled, False
+            if polled:
                 self._read_to = READ_ALL
-                polled = True
             self._wake.clear()
             if self._stopped:
                 return
