@@ -24,5 +24,8 @@ lint: install
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
+# The append part drives its load with wrk when it is installed (bench/README.md).
 bench: install
+	command -v wrk >/dev/null || ! command -v apt-get >/dev/null || \
+		DEBIAN_FRONTEND=noninteractive apt-get install -y -q wrk
 	$(BIN)/python -m bench $(BENCH_ARGS)

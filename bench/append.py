@@ -1,12 +1,12 @@
 """Append throughput over real HTTP, each shape beside its raw-Postgres baseline.
 
-    python -m bench.append [--runs 3] [--seconds 5] [--warmup 1] [--client loadgen|wrk]
+    python -m bench.append [--runs 3] [--seconds 5] [--warmup 1] [--client auto|wrk|loadgen]
                            [--json out.json]
 
 Starts an isolated database and a real ``serve --no-workers`` subprocess, then for each
-shape and run: the load generator (bench/loadgen.py, or ``wrk`` through
-bench/wrk_loadgen.py: its own process, closed-loop keep-alive connections) against the
-service, and the raw baseline
+shape and run: the load generator (``wrk`` through bench/wrk_loadgen.py when it is
+installed, else bench/loadgen.py: its own process, closed-loop keep-alive connections)
+against the service, and the raw baseline
 (bench/raw_postgres.py: BEGIN / lock row / INSERT / NOTIFY / COMMIT over asyncpg) with
 the same connections, streams and batch size. Runs of the shapes are interleaved so that
 drift on a busy machine hits all of them alike; the table shows medians over the runs.
@@ -306,17 +306,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--client",
-        choices=["loadgen", "wrk"],
-        default="loadgen",
-        help="load generator: bench/loadgen.py (Python, uvloop), or wrk through "
-        "bench/wrk_loadgen.py (C; needs Debian's wrk), a cross-check that the client "
-        "is not what limits the figures",
+        choices=["auto", "wrk", "loadgen"],
+        default="auto",
+        help="load generator: wrk through bench/wrk_loadgen.py (C; Debian's wrk), the "
+        "Python one (bench/loadgen.py), or auto: wrk when it is on the PATH",
     )
     parser.add_argument("--json", help="also write the raw results here")
     args = parser.parse_args(argv)
     if args.client == "wrk" and not wrk_loadgen.available():
         parser.error("wrk is not on the PATH (apt-get install wrk)")
-    client = f"bench.{'wrk_loadgen' if args.client == 'wrk' else 'loadgen'}"
+    use_wrk = args.client == "wrk" or (args.client == "auto" and wrk_loadgen.available())
+    client = "bench.wrk_loadgen" if use_wrk else "bench.loadgen"
     print(f"load generator: {client}", file=sys.stderr, flush=True)
     wanted = [s for s in SHAPES if s.key in set(args.shapes.split(","))]
     if not wanted:

@@ -3,11 +3,12 @@
     python -m bench.wrk_loadgen --port 8000 --spec spec.json
 
 Same spec file and same JSON answer as ``bench.loadgen``, so ``bench.append`` can use
-either: a cross-check that the client is not what limits the figures. On a 2-core
-machine the client's CPU is taken from the server and Postgres; wrk is C and spends
-about half of ``bench.loadgen``'s (16 x 1, 5 interleaved pairs: 13-22 against 26-33
-us per request), yet the appends/s came out alike (medians 5,908 against 6,520/s, each
-within the other's spread): the Python client is not the limit (bench/README.md).
+either; it uses this one when wrk is installed. On a 2-core machine the client's CPU is
+taken from the server and Postgres, and with one client it is also on every request's
+path: wrk spends 18-30 us of CPU per request where ``bench.loadgen`` (Python, uvloop)
+spends 47-87, and 1 client on 1 stream went 1,113 / 1,189 / 1,500 / 1,527 / 1,687 ->
+1,357 / 1,408 / 1,885 / 1,867 / 1,602 appends/s in 5 interleaved pairs. With 16 clients
+the two came out alike (bench/README.md).
 
 How the spec maps onto wrk: one wrk thread per distinct request path, with the
 connections of that path (``-t paths -c connections``), each thread sending its
