@@ -253,9 +253,8 @@ class Case:
 
 
 def _cases() -> list[Case]:
-    two_plain = [batch("p1"), batch("p2", {"p": 3}), batch([4])]
     return [
-        Case(two_plain, whole=True, watched=True),
+        Case([batch("p1"), batch("p2", {"p": 3}), batch([4])], whole=True, watched=True),
         Case([batch("i1", "i2"), batch({"i": 3})], whole=True, direction="input"),
         # Reaching a ceiling is allowed: 2 put in first + 3 = 5.
         Case([batch("a"), batch("b", "c")], whole=True, ceilings=(("max_total_items", 5),)),
@@ -265,6 +264,7 @@ def _cases() -> list[Case]:
             whole=False,
             ceilings=(("max_total_items", 5),),
         ),
+        # The byte ceiling reached exactly: '"first"' twice, then 32 and 3 bytes.
         Case(
             [batch("x" * 30), batch("y")],
             whole=True,
