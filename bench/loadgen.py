@@ -150,16 +150,24 @@ async def run(host: str, port: int, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.loadgen", description=__doc__)
+def parse_command(
+    prog: str, description: str | None, argv: list[str] | None
+) -> tuple[str, int, dict[str, Any]]:
+    """A load generator's command line: ``--host``, ``--port`` and ``--spec`` (this
+    module's and bench.wrk_loadgen's); returns the host, the port and the loaded spec."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--spec", required=True, help="JSON file (see the module docstring)")
+    parser.add_argument("--spec", required=True, help="JSON file (bench.loadgen's docstring)")
     args = parser.parse_args(argv)
     with open(args.spec, encoding="utf-8") as f:
-        spec = json.load(f)
-    result = uvloop.run(run(args.host, args.port, spec))
-    json.dump(result, sys.stdout)
+        spec: dict[str, Any] = json.load(f)
+    return args.host, args.port, spec
+
+
+def main(argv: list[str] | None = None) -> int:
+    host, port, spec = parse_command("python -m bench.loadgen", __doc__, argv)
+    json.dump(uvloop.run(run(host, port, spec)), sys.stdout)
     sys.stdout.write("\n")
     return 0
 

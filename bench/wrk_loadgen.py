@@ -22,7 +22,6 @@ statuses are ``"2xx/3xx"`` and ``"error"``; the append API answers no 3xx.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
 import shutil
@@ -31,6 +30,8 @@ import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from bench.loadgen import parse_command
 
 # One thread state each: ``setup`` (main state) gives every thread its path; ``init``
 # (the thread's state) builds its request once; ``request`` hands it out every time.
@@ -171,14 +172,8 @@ def run(host: str, port: int, spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.wrk_loadgen", description=__doc__)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, required=True)
-    parser.add_argument("--spec", required=True, help="JSON file (bench.loadgen's docstring)")
-    args = parser.parse_args(argv)
-    with open(args.spec, encoding="utf-8") as f:
-        spec = json.load(f)
-    json.dump(run(args.host, args.port, spec), sys.stdout)
+    host, port, spec = parse_command("python -m bench.wrk_loadgen", __doc__, argv)
+    json.dump(run(host, port, spec), sys.stdout)
     sys.stdout.write("\n")
     return 0
 
