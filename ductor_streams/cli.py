@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.metadata
 import sys
 from collections.abc import Sequence
 
@@ -18,13 +19,14 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ductor-streams", description="Durable data streams for Temporal workflow runs."
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     sub.add_parser("migrate", help="apply pending migrations (safe to run concurrently)")
 
     serve = sub.add_parser("serve", help="run the HTTP app (and workers unless --no-workers)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--host", help="address to listen on (default DUCTOR_STREAMS_HOST)")
+    serve.add_argument("--port", type=int, help="port (default DUCTOR_STREAMS_PORT)")
     serve.add_argument("--no-workers", action="store_true", help="HTTP only; needs no Temporal")
 
     sub.add_parser("workers", help="run the dispatcher and maintenance workers only")
@@ -57,6 +59,13 @@ def _parser() -> argparse.ArgumentParser:
     dev.add_argument("--port", type=int, default=8000)
     dev.add_argument("--data-dir", default=".dev")
     return parser
+
+
+def _version() -> str:
+    try:
+        return importlib.metadata.version("ductor-streams")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -99,7 +108,8 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
     if args.command == "serve":
         from ductor_streams.serve import serve
 
-        return serve(settings, host=args.host, port=args.port, workers=not args.no_workers)
+        settings = settings.with_overrides(host=args.host, port=args.port)
+        return serve(settings, workers=not args.no_workers)
     if args.command == "workers":
         from ductor_streams.worker_process import run_workers
 

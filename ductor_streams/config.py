@@ -1,82 +1,250 @@
-"""Configuration from the environment (CONTRACT.md section 2); CLI flags may override."""
+"""Every setting of a ductor-streams process, read from the environment once, at start.
+
+``Settings.from_env()`` is the only place in the package that reads the environment.
+Each field is one variable (``DUCTOR_STREAMS_<FIELD>``; docs/configuration.md lists them
+all with their defaults and bounds). A bad value raises ``ConfigError`` naming the
+variable, and the CLI turns that into one line and exit 2, before anything starts.
+CLI flags may override (``with_overrides``).
+
+Tunables of one part (live delivery, the dispatcher, upkeep) are flat fields here, so
+that one table documents them; the part's own config object is built from them by a
+property (``live``, ``upkeep``) or a method (``dispatcher_overrides``).
+"""
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:
+    from ductor_streams.live.config import LiveSettings
+    from ductor_streams.maintenance.upkeep import UpkeepConfig
+
+ENV_PREFIX = "DUCTOR_STREAMS_"
+# The standard variables of Temporal's clients (temporalio.envconfig) that the settings
+# carry on to every client the project makes.
+TEMPORAL_ENV_PREFIX = "TEMPORAL_"
+GOOGLE_CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
 
 
 class ConfigError(Exception):
     """A missing or invalid setting; the CLI prints it on one line and exits 2."""
 
 
-@dataclass(frozen=True)
-class Settings:
-    """Everything a process of ductor-streams needs to know about its deployment."""
+# Fields whose variable is not simply DUCTOR_STREAMS_<FIELD>.
+_ENV_NAMES = {
+    "object_stores": ENV_PREFIX + "OBJECT_STORE",
+    "google_application_credentials": GOOGLE_CREDENTIALS_ENV,
+}
+
+
+def _env(field: str) -> str:
+    """The environment variable of a settings field."""
+    return _ENV_NAMES.get(field) or ENV_PREFIX + field.upper()
+
+
+class Settings(BaseModel):
+    """Everything a process of ductor-streams needs to know about its deployment.
+
+    Immutable. Made by ``from_env()`` in the CLI, or directly with keyword arguments
+    (tests, embedding code): both validate the same way.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid", validate_default=True)
 
     # Kept out of repr(): a DSN may hold a password, and the secret signs every token.
-    database_url: str | None = field(default=None, repr=False)
-    jwt_secret: str | None = field(default=None, repr=False)
-    region: str = "local"
-    object_stores: Mapping[str, str] = field(default_factory=dict)
-    temporal_address: str | None = None
-    temporal_namespace: str = "default"
-    tenant: str = "default"
+    database_url: str | None = Field(
+        default=None, repr=False, pattern=r"^postgres(ql)?://", max_length=4096
+    )
+    jwt_secret: str | None = Field(default=None, repr=False, min_length=16, max_length=4096)
+    region: str = Field(default="local", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+    object_stores: dict[str, str] = Field(default_factory=dict)
+    tenant: str = Field(default="default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]{0,199}$")
+
+    # Temporal: the project's own two variables win over the standard TEMPORAL_* ones
+    # (temporal_connection.py merges them).
+    temporal_address: str | None = Field(default=None, pattern=r"^\S+:[0-9]{1,5}$")
+    temporal_namespace: str | None = Field(
+        default=None, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,254}$"
+    )
+    temporal_environ: dict[str, str] = Field(default_factory=dict, repr=False)
+
+    # serve
+    host: str = Field(default="127.0.0.1", pattern=r"^[A-Za-z0-9_.:\[\]-]{1,255}$")
+    port: int = Field(default=8000, ge=1, le=65535)
+    pool_min_size: int = Field(default=2, ge=0, le=1000)
+    pool_max_size: int = Field(default=10, ge=1, le=1000)
+    shutdown_timeout_seconds: float = Field(default=10.0, ge=0, le=3600)
+    log_level: str = "INFO"
+
+    # live delivery (LiveSettings)
+    sse_keepalive_seconds: float = Field(default=10.0, ge=0.05, le=15)
+    sse_buffer_records: int = Field(default=4096, ge=1, le=10_000_000)
+    sse_page_records: int = Field(default=500, ge=1, le=1000)
+    live_poll_seconds: float = Field(default=5.0, ge=0.05, le=3600)
+
+    # input delivery (DispatcherConfig); None keeps the dispatcher's own default
+    delivery_lease_seconds: float | None = Field(default=None, ge=0.5, le=3600)
+    delivery_batch: int | None = Field(default=None, ge=1, le=10_000)
+    delivery_streams: int | None = Field(default=None, ge=1, le=10_000)
+    delivery_owner: str | None = Field(default=None, min_length=1, max_length=200)
+
+    # upkeep (UpkeepConfig)
+    maintenance_interval: float = Field(default=30.0, gt=0, le=86_400)
+    orphan_sweep_interval: float = Field(default=600.0, ge=0, le=30 * 86_400)
+    orphan_grace: float = Field(default=3600.0, ge=0, le=30 * 86_400)
+
+    # large objects
+    object_intent_ttl: float = Field(default=3600.0, ge=1, le=7 * 86_400)
+    google_application_credentials: str | None = None
+
+    @field_validator("google_application_credentials")
+    @classmethod
+    def _credentials_file_exists(cls, value: str | None) -> str | None:
+        if value is not None and not os.path.isfile(value):
+            raise ValueError(f"{value!r} is not a readable file")
+        return value
+
+    @field_validator("object_stores", mode="before")
+    @classmethod
+    def _parse_object_store(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            if not value.strip():
+                return {}
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"is not JSON: {exc.msg}") from None
+        if not isinstance(value, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise ValueError("must map region names to URLs")
+        for region, url in value.items():
+            if not url.startswith(("gs://", "file://")):
+                raise ValueError(f"[{region!r}] must be a gs:// or file:// URL")
+        return dict(value)
+
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _parse_log_level(cls, value: Any) -> str:
+        text = str(value).strip().upper()
+        if text.isdigit() or isinstance(logging.getLevelName(text), int):
+            return text
+        raise ValueError("must be DEBUG, INFO, WARNING, ERROR, CRITICAL or a number")
+
+    @model_validator(mode="after")
+    def _pool_sizes(self) -> Settings:
+        if self.pool_min_size > self.pool_max_size:
+            raise ValueError(f"{_env('pool_min_size')} must not exceed {_env('pool_max_size')}")
+        return self
+
+    # -- reading ---------------------------------------------------------------------
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
+        """The settings the environment gives; ``ConfigError`` names a bad variable.
+
+        An empty variable counts as unset. Unknown ``DUCTOR_STREAMS_*`` variables are
+        ignored (the test suite's own, for one).
+        """
         env = os.environ if env is None else env
-        stores_raw = env.get("DUCTOR_STREAMS_OBJECT_STORE", "").strip()
-        stores: dict[str, str] = {}
-        if stores_raw:
-            try:
-                parsed = json.loads(stores_raw)
-            except json.JSONDecodeError as exc:
-                raise ConfigError(f"DUCTOR_STREAMS_OBJECT_STORE is not JSON: {exc.msg}") from None
-            if not isinstance(parsed, dict) or not all(
-                isinstance(k, str) and isinstance(v, str) for k, v in parsed.items()
-            ):
-                raise ConfigError("DUCTOR_STREAMS_OBJECT_STORE must map region names to URLs")
-            for region, url in parsed.items():
-                if not url.startswith(("gs://", "file://")):
-                    raise ConfigError(
-                        f"DUCTOR_STREAMS_OBJECT_STORE[{region!r}] must be a gs:// or file:// URL"
-                    )
-            stores = parsed
-        region = env.get("DUCTOR_STREAMS_REGION", "").strip() or "local"
-        return cls(
-            database_url=env.get("DUCTOR_STREAMS_DATABASE_URL") or None,
-            jwt_secret=env.get("DUCTOR_STREAMS_JWT_SECRET") or None,
-            region=region,
-            object_stores=stores,
-            temporal_address=env.get("DUCTOR_STREAMS_TEMPORAL_ADDRESS") or None,
-            temporal_namespace=env.get("DUCTOR_STREAMS_TEMPORAL_NAMESPACE") or "default",
-            tenant=env.get("DUCTOR_STREAMS_TENANT") or "default",
-        )
+        values: dict[str, Any] = {}
+        for name in cls.model_fields:
+            if name == "temporal_environ":
+                continue
+            raw = env.get(_env(name), "").strip()
+            if raw:
+                values[name] = raw
+        values["temporal_environ"] = {
+            k: v for k, v in env.items() if k.startswith(TEMPORAL_ENV_PREFIX)
+        }
+        return cls.validated(**values)
+
+    @classmethod
+    def validated(cls, **values: Any) -> Settings:
+        """``Settings(**values)``, with a validation error turned into ``ConfigError``."""
+        try:
+            return cls(**values)
+        except ValidationError as exc:
+            raise ConfigError(_one_line(exc)) from None
 
     def with_overrides(self, **changes: Any) -> Settings:
-        return replace(self, **{k: v for k, v in changes.items() if v is not None})
+        """A copy with the given non-None values (CLI flags) replaced, validated again."""
+        changed = {k: v for k, v in changes.items() if v is not None}
+        return self.validated(**{**self.model_dump(), **changed})
+
+    # -- requirements of one command ------------------------------------------------
 
     def require_database(self) -> str:
         if not self.database_url:
-            raise ConfigError("DUCTOR_STREAMS_DATABASE_URL is not set")
+            raise ConfigError(f"{_env('database_url')} is not set")
         return self.database_url
 
     def require_jwt_secret(self) -> str:
         if not self.jwt_secret:
-            raise ConfigError("DUCTOR_STREAMS_JWT_SECRET is not set")
-        if len(self.jwt_secret) < 16:
-            raise ConfigError("DUCTOR_STREAMS_JWT_SECRET must be at least 16 characters")
+            raise ConfigError(f"{_env('jwt_secret')} is not set")
         return self.jwt_secret
 
     def require_temporal(self) -> str:
         if not self.temporal_address:
-            raise ConfigError("DUCTOR_STREAMS_TEMPORAL_ADDRESS is not set")
+            raise ConfigError(f"{_env('temporal_address')} is not set")
         return self.temporal_address
+
+    # -- views for the parts ----------------------------------------------------------
 
     @property
     def object_store_regions(self) -> frozenset[str]:
         return frozenset(self.object_stores)
+
+    @property
+    def log_level_number(self) -> int:
+        text = self.log_level
+        return int(text) if text.isdigit() else int(logging.getLevelName(text))
+
+    @property
+    def live(self) -> LiveSettings:
+        from ductor_streams.live.config import LiveSettings
+
+        return LiveSettings(
+            keepalive_seconds=self.sse_keepalive_seconds,
+            buffer_records=self.sse_buffer_records,
+            page_records=self.sse_page_records,
+            poll_seconds=self.live_poll_seconds,
+        )
+
+    @property
+    def upkeep(self) -> UpkeepConfig:
+        from ductor_streams.maintenance.upkeep import UpkeepConfig
+
+        return UpkeepConfig(
+            interval_seconds=self.maintenance_interval,
+            orphan_interval_seconds=self.orphan_sweep_interval,
+            orphan_grace_seconds=self.orphan_grace,
+        )
+
+    def dispatcher_overrides(self) -> dict[str, Any]:
+        """``DispatcherConfig`` fields the environment sets (the rest keep its defaults)."""
+        given = {
+            "lease_seconds": self.delivery_lease_seconds,
+            "per_stream": self.delivery_batch,
+            "max_streams": self.delivery_streams,
+        }
+        return {k: v for k, v in given.items() if v is not None}
+
+
+def _one_line(exc: ValidationError) -> str:
+    """The first error of ``exc`` as ``VARIABLE: what is wrong``."""
+    error = exc.errors()[0]
+    loc = error.get("loc") or ()
+    message = str(error.get("msg", "is invalid")).removeprefix("Value error, ")
+    if not loc:
+        return message
+    field = str(loc[0])
+    if field not in Settings.model_fields:
+        return f"unknown setting {field!r}"
+    return f"{_env(field)}: {message}"

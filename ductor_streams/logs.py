@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from typing import Any
 
@@ -29,17 +28,9 @@ class JsonFormatter(logging.Formatter):
         return json.dumps(entry, separators=(",", ":"))
 
 
-LOG_LEVEL_ENV = "DUCTOR_STREAMS_LOG_LEVEL"
-
-
-def configure_logging(level: int | str | None = None) -> None:
-    """JSON lines on stderr. ``level`` defaults to ``DUCTOR_STREAMS_LOG_LEVEL`` (a name
-    such as ``DEBUG`` or a number), else INFO. No level ever logs payloads or tokens."""
-    if level is None:
-        raw = os.environ.get(LOG_LEVEL_ENV, "").strip().upper() or "INFO"
-        level = int(raw) if raw.isdigit() else logging.getLevelName(raw)
-        if not isinstance(level, int):
-            level = logging.INFO
+def configure_logging(level: int = logging.INFO) -> None:
+    """JSON lines on stderr at ``level`` (commands pass the settings'
+    ``DUCTOR_STREAMS_LOG_LEVEL``). No level ever logs payloads or tokens."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter())
     root = logging.getLogger()

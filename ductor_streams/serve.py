@@ -11,16 +11,17 @@ from ductor_streams.logs import configure_logging
 from ductor_streams.workers import worker_services
 
 
-def serve(settings: Settings, *, host: str, port: int, workers: bool) -> int:
+def serve(settings: Settings, *, workers: bool) -> int:
+    """Serve on ``settings.host``:``settings.port`` until SIGTERM or SIGINT."""
     settings.require_database()
     settings.require_jwt_secret()
-    configure_logging()
+    configure_logging(settings.log_level_number)
     services = worker_services(settings) if workers else []
     app = create_app(settings, services=services)
     config = uvicorn.Config(
         app,
-        host=host,
-        port=port,
+        host=settings.host,
+        port=settings.port,
         loop="uvloop",
         http=HeadHoldingHttpToolsProtocol,
         log_level="warning",

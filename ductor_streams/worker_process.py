@@ -19,7 +19,9 @@ async def run_worker_services(settings: Settings, stop: asyncio.Event) -> None:
     """Open the store, run every worker service until ``stop`` is set, then close."""
     dsn = settings.require_database()
     services = worker_services(settings)
-    pool = await create_pool(dsn, min_size=1, max_size=10)
+    pool = await create_pool(
+        dsn, min_size=min(1, settings.pool_min_size), max_size=settings.pool_max_size
+    )
     hub = NotificationHub(dsn)
     try:
         await hub.start()
@@ -38,7 +40,7 @@ async def run_worker_services(settings: Settings, stop: asyncio.Event) -> None:
 
 def run_workers(settings: Settings) -> int:
     settings.require_database()
-    configure_logging()
+    configure_logging(settings.log_level_number)
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -103,7 +103,7 @@ async def hub_store(pool: asyncpg.Pool, hub: NotificationHub) -> Store:
 
 @pytest.fixture(scope="session")
 async def client(settings: Settings) -> AsyncIterator[AsyncTestClient[Any]]:
-    app = create_app(settings, pool_size=20)
+    app = create_app(settings.with_overrides(pool_max_size=20))
     async with AsyncTestClient(app=app, timeout=30) as test_client:
         yield test_client
 

@@ -55,7 +55,12 @@ class StreamsActivities:
             from ductor_streams.objects.intents import ObjectService
 
             self._objects = ObjectService(
-                self.store, BlobStores(self._settings.object_stores), region=self._settings.region
+                self.store,
+                BlobStores(
+                    self._settings.object_stores,
+                    credentials_file=self._settings.google_application_credentials,
+                ),
+                region=self._settings.region,
             )
         return self._objects
 
@@ -74,7 +79,11 @@ class StreamsActivities:
             if self._store is not None:
                 yield
                 return
-            pool = await create_pool(self._settings.require_database(), min_size=1, max_size=10)
+            pool = await create_pool(
+                self._settings.require_database(),
+                min_size=min(1, self._settings.pool_min_size),
+                max_size=self._settings.pool_max_size,
+            )
             self._store = Store(pool)
             try:
                 yield

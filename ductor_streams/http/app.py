@@ -46,7 +46,6 @@ Service = Callable[[Litestar], contextlib.AbstractAsyncContextManager[None]]
 def create_app(
     settings: Settings,
     *,
-    pool_size: int = 10,
     services: Sequence[Service] = (),
 ) -> Litestar:
     """Build the app. ``services`` are extra lifespans (workers) started after the store."""
@@ -55,7 +54,9 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
-        pool = await create_pool(dsn, min_size=min(2, pool_size), max_size=pool_size)
+        pool = await create_pool(
+            dsn, min_size=settings.pool_min_size, max_size=settings.pool_max_size
+        )
         hub = NotificationHub(dsn)
         try:
             await hub.start()

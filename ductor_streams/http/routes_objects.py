@@ -6,7 +6,6 @@ streamed (``request.stream()``), never read whole into memory.
 
 from __future__ import annotations
 
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -20,11 +19,10 @@ from ductor_streams.http.access import check_egress, principal_of, stream_for
 from ductor_streams.http.codec import json_body, json_response
 from ductor_streams.http.routes_streams import STREAM
 from ductor_streams.objects import MAX_OBJECT_BYTES, BlobStores, ObjectIntent, PrepareRequest
-from ductor_streams.objects.intents import DEFAULT_INTENT_TTL_SECONDS, ObjectService
+from ductor_streams.objects.intents import ObjectService
 
 OBJECTS = STREAM + "/objects"
 OBJECT = OBJECTS + "/{object_id:str}"
-TTL_ENV = "DUCTOR_STREAMS_OBJECT_INTENT_TTL"
 
 
 class PrepareBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -40,19 +38,19 @@ class PrepareBody(msgspec.Struct, forbid_unknown_fields=True):
 def object_service(request: Request[Any, Any, Any]) -> ObjectService:
     """The app's object service, made on first use from the app's store and settings.
 
-    The intent lifetime is ``app.state.object_intent_ttl_seconds`` if set, else
-    ``DUCTOR_STREAMS_OBJECT_INTENT_TTL`` (seconds), else one hour.
+    The intent lifetime is ``app.state.object_intent_ttl_seconds`` if set (tests), else
+    the settings' ``object_intent_ttl`` (``DUCTOR_STREAMS_OBJECT_INTENT_TTL``).
     """
     state = request.app.state
     service: ObjectService | None = state.get("object_service")
     if service is None or service.store is not state.store:
         settings = state.settings
-        ttl = state.get("object_intent_ttl_seconds") or float(
-            os.environ.get(TTL_ENV) or DEFAULT_INTENT_TTL_SECONDS
-        )
+        ttl = state.get("object_intent_ttl_seconds") or settings.object_intent_ttl
         service = ObjectService(
             state.store,
-            BlobStores(settings.object_stores),
+            BlobStores(
+                settings.object_stores, credentials_file=settings.google_application_credentials
+            ),
             region=settings.region,
             intent_ttl_seconds=ttl,
         )

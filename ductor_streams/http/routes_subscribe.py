@@ -23,7 +23,6 @@ from ductor_streams.http.params import parse_cursor
 from ductor_streams.http.problems import problem_response
 from ductor_streams.http.routes_streams import STREAM
 from ductor_streams.http.sse_response import DirectWriter, SseStream
-from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.events import End, Expired, LiveBatch
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.subscription import Subscription
@@ -36,7 +35,7 @@ def followers_of(app: Litestar) -> Followers:
     """The process's live delivery, created on first use over the app's pool and hub."""
     followers: Followers | None = app.state.get("live_followers")
     if followers is None:
-        followers = Followers(app.state.store.pool, app.state.hub, LiveSettings.from_env())
+        followers = Followers(app.state.store.pool, app.state.hub, app.state.settings.live)
         app.state.live_followers = followers
         # Appends of this process reach its subscribers without a read (store/append.py).
         app.state.store.appender.feed = followers

@@ -15,7 +15,10 @@ async def _prune(settings: Settings, config: UpkeepConfig) -> PassReport:
     try:
         return await run_pass(
             pool,
-            BlobStores(settings.object_stores),
+            BlobStores(
+                settings.object_stores,
+                credentials_file=settings.google_application_credentials,
+            ),
             sweep_orphans_now=True,
             orphan_grace_seconds=config.orphan_grace_seconds,
         )
@@ -26,7 +29,7 @@ async def _prune(settings: Settings, config: UpkeepConfig) -> PassReport:
 def prune_once(settings: Settings) -> int:
     """Run retention, expiry, the orphan sweep and due deletions once; print a summary."""
     settings.require_database()
-    config = UpkeepConfig.from_env()
+    config = settings.upkeep
     report = asyncio.run(_prune(settings, config))
     for line in report.lines():
         print(line)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
-import os
 import secrets
 from collections.abc import AsyncIterable, AsyncIterator
 from datetime import UTC, datetime
@@ -53,7 +52,14 @@ def _md5_hex(b64: str | None) -> str | None:
 class GcsBlobStore:
     """Objects in one bucket (under an optional prefix)."""
 
-    def __init__(self, url: str, *, client: Any | None = None, signer: Any | None = None) -> None:
+    def __init__(
+        self,
+        url: str,
+        *,
+        client: Any | None = None,
+        signer: Any | None = None,
+        credentials_file: str | None = None,
+    ) -> None:
         parts = urlsplit(url)
         if parts.scheme != "gs" or not parts.netloc:
             raise ValueError(f"not a gs:// URL: {url!r}")
@@ -64,6 +70,7 @@ class GcsBlobStore:
         self._want_signed = options.get("signed_uploads", ["0"])[0].lower() in ("1", "true")
         self._client = client
         self._signer = signer
+        self._credentials_file = credentials_file
         self._bucket: Any | None = None
 
     def _get_bucket(self) -> Any:
@@ -163,7 +170,7 @@ class GcsBlobStore:
         if not self._want_signed:
             return None
         if self._signer is None:
-            path = os.environ.get("GOOGLE_APPLICATION_CREDENTIALS")
+            path = self._credentials_file
             if not path:
                 return None
             from google.oauth2 import service_account

@@ -10,12 +10,13 @@ from ductor_streams.objects.gcs import GcsBlobStore
 from ductor_streams.objects.local import LocalBlobStore
 
 
-def open_store(url: str) -> BlobStore:
-    """The adapter for one store URL: ``file://`` or ``gs://``."""
+def open_store(url: str, *, credentials_file: str | None = None) -> BlobStore:
+    """The adapter for one store URL: ``file://`` or ``gs://``. ``credentials_file`` is a
+    service account key that signs upload URLs (``GOOGLE_APPLICATION_CREDENTIALS``)."""
     if url.startswith("file://"):
         return LocalBlobStore(url)
     if url.startswith("gs://"):
-        return GcsBlobStore(url)
+        return GcsBlobStore(url, credentials_file=credentials_file)
     raise ValueError(f"unsupported object store URL {url!r}")
 
 
@@ -23,8 +24,9 @@ class BlobStores:
     """Opens each region's store once, on first use (a GCS client is made only when a
     ``gs://`` region is used)."""
 
-    def __init__(self, urls: Mapping[str, str]) -> None:
+    def __init__(self, urls: Mapping[str, str], *, credentials_file: str | None = None) -> None:
         self._urls = dict(urls)
+        self._credentials_file = credentials_file
         self._open: dict[str, BlobStore] = {}
 
     @property
@@ -40,7 +42,7 @@ class BlobStores:
             url = self._urls.get(region)
             if url is None:
                 raise PlacementMismatch(f"no object store is configured for region {region!r}")
-            store = self._open[region] = open_store(url)
+            store = self._open[region] = open_store(url, credentials_file=self._credentials_file)
         return store
 
     def put(self, region: str, store: BlobStore) -> None:

@@ -33,7 +33,7 @@ class StreamsPlugin(SimplePlugin):
     Give it to the client (``Client.connect(..., plugins=[StreamsPlugin()])``); workers
     made from that client pick it up. Configuration comes from the environment
     (``DUCTOR_STREAMS_DATABASE_URL``, ``_TENANT``, ``_REGION``, ``_OBJECT_STORE``;
-    CONTRACT.md section 2) unless given here. The helpers need no data converter beyond
+    docs/configuration.md) unless given here. The helpers need no data converter beyond
     Temporal's default (their types are dataclasses), so the client's converter is kept.
     """
 

@@ -48,7 +48,9 @@ async def test_process_outside_metadata_home_refuses_to_write(
         region="us-east1",
         object_stores={**objects_env.settings.object_stores, "us-east1": "file:///nonexistent"},
     )
-    async with AsyncTestClient(app=create_app(elsewhere, pool_size=2)) as client:
+    async with AsyncTestClient(
+        app=create_app(elsewhere.with_overrides(pool_min_size=1, pool_max_size=2))
+    ) as client:
         other = ObjectApi(client, headers, run_id)
         for response in (
             await other.prepare(prepare_body(b"abc")),
@@ -231,9 +233,13 @@ async def test_gcs_signed_upload_then_commit_checks_evidence(
     key_file.write_text(json.dumps(_service_account_key()))
     monkeypatch.setenv("GOOGLE_APPLICATION_CREDENTIALS", str(key_file))
     url = f"gs://{BUCKET}/signed-{uuid.uuid4().hex[:6]}?signed_uploads=1"
-    signed_settings = settings.with_overrides(object_stores={"local": url})
+    signed_settings = settings.with_overrides(
+        object_stores={"local": url}, google_application_credentials=str(key_file)
+    )
     headers = auth()
-    async with AsyncTestClient(app=create_app(signed_settings, pool_size=2)) as client:
+    async with AsyncTestClient(
+        app=create_app(signed_settings.with_overrides(pool_min_size=1, pool_max_size=2))
+    ) as client:
         api = ObjectApi(client, headers, run_id)
         await create_stream(client, headers, run_id)
         data = os.urandom(MiB + 3)

@@ -134,7 +134,7 @@ def _normalise(response: httpx.Response, stream_id: str) -> tuple[int, dict[str,
 async def test_the_front_answers_every_records_request_as_litestar_does(
     settings: Settings, auth: TokenFactory, run_id: str, tenant: str
 ) -> None:
-    app = create_app(settings, pool_size=5)
+    app = create_app(settings.with_overrides(pool_max_size=5))
     async with app.lifespan(), _client(app) as client:
         admin = auth()
         streams = {}

@@ -94,7 +94,7 @@ async def objects_env(
     kind = request.param
     url = store_url(kind, tmp_path_factory.mktemp(f"objects-{kind}"), request)
     env_settings = settings.with_overrides(object_stores={"local": url})
-    app = create_app(env_settings, pool_size=10)
+    app = create_app(env_settings)
     async with AsyncTestClient(app=app, timeout=60) as client:
         yield ObjectEnv(kind, env_settings, client, BlobStores(env_settings.object_stores))
 

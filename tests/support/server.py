@@ -33,8 +33,9 @@ def settings_env(settings: Settings) -> dict[str, str]:
         "DUCTOR_STREAMS_JWT_SECRET": settings.jwt_secret or "",
         "DUCTOR_STREAMS_REGION": settings.region,
         "DUCTOR_STREAMS_TENANT": settings.tenant,
-        "DUCTOR_STREAMS_TEMPORAL_NAMESPACE": settings.temporal_namespace,
     }
+    if settings.temporal_namespace:
+        env["DUCTOR_STREAMS_TEMPORAL_NAMESPACE"] = settings.temporal_namespace
     if settings.object_stores:
         env["DUCTOR_STREAMS_OBJECT_STORE"] = json.dumps(dict(settings.object_stores))
     if settings.temporal_address:
