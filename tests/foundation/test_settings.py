@@ -1,0 +1,187 @@
+"""The settings object: every variable's bad value stops every command with exit 2 and one
+line naming the variable; the documented table lists every variable; HOST/PORT reach
+``serve``; ``--version`` prints the version."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ductor_streams.cli import main
+from ductor_streams.config import ConfigError, Settings
+from tests.support.server import free_port
+from tests.temporal.polling import eventually
+
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
+
+# One bad value for each variable (the field it sets in brackets where the name differs).
+BAD_VALUES: dict[str, str] = {
+    "DUCTOR_STREAMS_DATABASE_URL": "mysql://db/x",
+    "DUCTOR_STREAMS_JWT_SECRET": "too-short",
+    "DUCTOR_STREAMS_REGION": "us east",
+    "DUCTOR_STREAMS_OBJECT_STORE": "{not json",
+    "DUCTOR_STREAMS_TENANT": "a tenant",
+    "DUCTOR_STREAMS_TEMPORAL_ADDRESS": "no-port",
+    "DUCTOR_STREAMS_TEMPORAL_NAMESPACE": "name space",
+    "DUCTOR_STREAMS_HOST": "bad host",
+    "DUCTOR_STREAMS_PORT": "eighty",
+    "DUCTOR_STREAMS_POOL_MIN_SIZE": "-1",
+    "DUCTOR_STREAMS_POOL_MAX_SIZE": "0",
+    "DUCTOR_STREAMS_SHUTDOWN_TIMEOUT_SECONDS": "soon",
+    "DUCTOR_STREAMS_LOG_LEVEL": "LOUD",
+    "DUCTOR_STREAMS_SSE_KEEPALIVE_SECONDS": "60",
+    "DUCTOR_STREAMS_SSE_BUFFER_RECORDS": "0",
+    "DUCTOR_STREAMS_SSE_PAGE_RECORDS": "5000",
+    "DUCTOR_STREAMS_LIVE_POLL_SECONDS": "0",
+    "DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS": "0.01",
+    "DUCTOR_STREAMS_DELIVERY_BATCH": "many",
+    "DUCTOR_STREAMS_DELIVERY_STREAMS": "0",
+    "DUCTOR_STREAMS_DELIVERY_OWNER": "x" * 201,
+    "DUCTOR_STREAMS_MAINTENANCE_INTERVAL": "0",
+    "DUCTOR_STREAMS_ORPHAN_SWEEP_INTERVAL": "-5",
+    "DUCTOR_STREAMS_ORPHAN_GRACE": "an hour",
+    "DUCTOR_STREAMS_OBJECT_INTENT_TTL": "forever",
+    "GOOGLE_APPLICATION_CREDENTIALS": "/nonexistent/key.json",
+}
+
+
+def _variable_names() -> set[str]:
+    from ductor_streams.config import _env
+
+    return {_env(name) for name in Settings.model_fields if name != "temporal_environ"}
+
+
+def test_every_variable_has_a_bad_value_case() -> None:
+    # A new setting without a case here fails this test rather than go untested.
+    assert set(BAD_VALUES) == _variable_names()
+
+
+def test_the_documented_table_lists_every_variable() -> None:
+    documented = set(re.findall(r"^\| `([A-Z_]+)` \|", DOCS.read_text(), re.M))
+    assert _variable_names() <= documented
+    assert documented - _variable_names() <= {
+        "TEMPORAL_ADDRESS",
+        "TEMPORAL_NAMESPACE",
+        "TEMPORAL_API_KEY",
+        "TEMPORAL_PROFILE",
+        "TEMPORAL_CONFIG_FILE",
+        "TEMPORAL_TLS",
+        "TEMPORAL_TLS_CLIENT_CERT_PATH",
+        "TEMPORAL_TLS_CLIENT_KEY_PATH",
+        "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+        "TEMPORAL_TLS_SERVER_NAME",
+        "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION",
+    }
+
+
+@pytest.mark.parametrize("variable", sorted(BAD_VALUES))
+@pytest.mark.parametrize("command", [["prune"], ["migrate"], ["serve"], ["workers"]])
+def test_a_bad_value_exits_2_naming_the_variable(
+    variable: str,
+    command: list[str],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for name in _variable_names():
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(variable, BAD_VALUES[variable])
+    assert main(command) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert err[0].startswith(f"ductor-streams: {variable}"), err
+
+
+def test_values_from_the_environment_are_parsed_and_views_built() -> None:
+    settings = Settings.from_env(
+        {
+            "DUCTOR_STREAMS_PORT": "9001",
+            "DUCTOR_STREAMS_HOST": "0.0.0.0",
+            "DUCTOR_STREAMS_SSE_PAGE_RECORDS": "250",
+            "DUCTOR_STREAMS_MAINTENANCE_INTERVAL": "7.5",
+            "DUCTOR_STREAMS_DELIVERY_BATCH": "9",
+            "DUCTOR_STREAMS_OBJECT_STORE": '{"local": "file:///tmp/x"}',
+            "DUCTOR_STREAMS_REGION": "",  # empty counts as unset
+            "TEMPORAL_API_KEY": "k",
+            "UNRELATED": "y",
+        }
+    )
+    assert (settings.host, settings.port, settings.region) == ("0.0.0.0", 9001, "local")
+    assert settings.live.page_records == 250
+    assert settings.upkeep.interval_seconds == 7.5
+    assert settings.dispatcher_overrides() == {"per_stream": 9}
+    assert dict(settings.object_stores) == {"local": "file:///tmp/x"}
+    assert settings.temporal_environ == {"TEMPORAL_API_KEY": "k"}
+
+
+def test_secrets_stay_out_of_repr() -> None:
+    settings = Settings(
+        database_url="postgresql://u:hunter2@db/x", jwt_secret="s" * 16 + "-secret-value"
+    )
+    assert "hunter2" not in repr(settings) and "secret-value" not in repr(settings)
+
+
+def test_pool_sizes_are_checked_together() -> None:
+    with pytest.raises(ConfigError, match="DUCTOR_STREAMS_POOL_MIN_SIZE"):
+        Settings.from_env(
+            {"DUCTOR_STREAMS_POOL_MIN_SIZE": "5", "DUCTOR_STREAMS_POOL_MAX_SIZE": "4"}
+        )
+
+
+def test_cli_overrides_are_validated_too() -> None:
+    with pytest.raises(ConfigError, match="DUCTOR_STREAMS_PORT"):
+        Settings().with_overrides(port=70000)
+
+
+def test_version_prints_the_package_version() -> None:
+    import importlib.metadata
+
+    out = subprocess.run(
+        [sys.executable, "-m", "ductor_streams.cli", "--version"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout.strip()
+    assert out == f"ductor-streams {importlib.metadata.version('ductor-streams')}"
+
+
+async def test_serve_listens_where_host_and_port_say(database_url: str) -> None:
+    port = free_port()
+    env = {
+        **os.environ,
+        "DUCTOR_STREAMS_DATABASE_URL": database_url,
+        "DUCTOR_STREAMS_JWT_SECRET": "x" * 32,
+        "DUCTOR_STREAMS_HOST": "127.0.0.1",
+        "DUCTOR_STREAMS_PORT": str(port),
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "ductor_streams.cli",
+        "serve",
+        "--no-workers",
+        env=env,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        async with httpx.AsyncClient() as client:
+
+            async def health() -> int:
+                try:
+                    answer = await client.get(f"http://127.0.0.1:{port}/healthz")
+                except httpx.TransportError:
+                    return 0
+                return answer.status_code
+
+            await eventually(health, lambda status: status == 200, timeout=30, what="healthz")
+    finally:
+        proc.terminate()
+        await asyncio.wait_for(proc.wait(), 30)
