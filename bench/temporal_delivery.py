@@ -44,6 +44,7 @@ from temporalio.worker import Worker
 
 from bench.environment import HTTP_LIMITS
 from bench.temporal_workflows import CountWorkflow, SinkWorkflow
+from ductor_streams import temporal_connection
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from ductor_streams.definitions import parse_definition
@@ -248,9 +249,7 @@ async def _run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
     pool = await create_pool(dsn, min_size=2, max_size=10)
     store = Store(pool)
     try:
-        client = await Client.connect(
-            settings.temporal_address or "", plugins=[StreamsPlugin(settings)]
-        )
+        client = await temporal_connection.connect(settings, plugins=[StreamsPlugin(settings)])
         async with Worker(client, task_queue=TASK_QUEUE, workflows=[SinkWorkflow, CountWorkflow]):
             result: dict[str, Any] = {
                 "note": "taken on the machine as it is; see the docstring for what is measured",

@@ -106,17 +106,22 @@ def temporal_dev_server(data_dir: Path) -> Iterator[tuple[str, str]]:
         log.close()
 
 
-async def connect_temporal(address: str, namespace: str, wait_seconds: float = 30.0) -> object:
-    """Connect (with the StreamsPlugin), retrying while the dev server starts."""
-    from temporalio.client import Client
+async def connect_temporal(settings: Settings, wait_seconds: float = 30.0) -> object:
+    """Connect as every client of the project does (``temporal_connection``: address,
+    namespace, API key, TLS), retrying while the dev server starts."""
+    from ductor_streams import temporal_connection
 
+    connect = temporal_connection.connector(settings)
     deadline = time.monotonic() + wait_seconds
     while True:
         try:
-            return await Client.connect(address, namespace=namespace)
-        except RuntimeError:
+            return await connect()
+        except RuntimeError as exc:
             if time.monotonic() >= deadline:
-                raise ConfigError(f"Temporal did not answer at {address}") from None
+                # The last failure says why (refused, a certificate, an API key).
+                reason = " ".join(str(exc).split())[:300]
+                address = temporal_connection.connect_config(settings)["target_host"]
+                raise ConfigError(f"Temporal did not answer at {address}: {reason}") from None
             await asyncio.sleep(0.2)
 
 
@@ -198,11 +203,13 @@ async def _serve(settings: Settings, port: int, temporal_ui: str | None) -> None
     from ductor_streams.http import create_app
     from ductor_streams.http.protocol import HeadHoldingHttpToolsProtocol
     from ductor_streams.schema.migrate import migrate
+    from ductor_streams.temporal_connection import connect_config
     from ductor_streams.workers import worker_services
 
     dsn = settings.require_database()
     await migrate(dsn)
-    client = await connect_temporal(settings.require_temporal(), settings.temporal_namespace)
+    temporal = connect_config(settings)
+    client = await connect_temporal(settings)
     app = create_app(settings, services=worker_services(settings))
     server = uvicorn.Server(
         uvicorn.Config(
@@ -242,9 +249,9 @@ async def _serve(settings: Settings, port: int, temporal_ui: str | None) -> None
                 session_text(
                     url,
                     token,
-                    settings.require_temporal(),
+                    temporal["target_host"],
                     temporal_ui,
-                    settings.temporal_namespace,
+                    temporal["namespace"],
                 ),
                 flush=True,
             )
@@ -253,8 +260,11 @@ async def _serve(settings: Settings, port: int, temporal_ui: str | None) -> None
 
 def run_dev(settings: Settings, *, port: int, data_dir: str) -> int:
     """Run the local stack until interrupted. Environment settings win over the
-    defaults: a given database URL or Temporal address is used instead of starting one."""
+    defaults: a given database URL or Temporal address (DUCTOR_STREAMS_TEMPORAL_ADDRESS,
+    TEMPORAL_ADDRESS or a TEMPORAL_PROFILE; TLS and API key as configured) is used
+    instead of starting one."""
     from ductor_streams.logs import configure_logging
+    from ductor_streams.temporal_connection import configured_address
 
     configure_logging(level=30)
     root = Path(data_dir).resolve()
@@ -263,15 +273,22 @@ def run_dev(settings: Settings, *, port: int, data_dir: str) -> int:
         raise ConfigError(f"port {port} is in use (choose another with --port)")
     objects = root / "objects"
     objects.mkdir(exist_ok=True)
+    # Checked before anything starts: a bad TLS file or profile is exit 2 at once.
+    temporal = configured_address(settings)
     with contextlib.ExitStack() as stack:
         dsn = settings.database_url or stack.enter_context(embedded_postgres(root))
         ui: str | None = None
-        temporal = settings.temporal_address
+        temporal_environ: dict[str, str] | None = None
         if temporal is None:
             temporal, ui = stack.enter_context(temporal_dev_server(root))
+            # The environment names no Temporal, so its other TEMPORAL_* settings (an
+            # API key, TLS, a namespace) describe no server of ours: the own dev server
+            # is plain gRPC with the default namespace.
+            temporal_environ = {}
         settings = settings.with_overrides(
             database_url=dsn,
             temporal_address=temporal,
+            temporal_environ=temporal_environ,
             jwt_secret=settings.jwt_secret
             or os.environ.get("DUCTOR_STREAMS_JWT_SECRET")
             or _jwt_secret(root),

@@ -19,8 +19,12 @@ def worker_services(settings: Settings) -> list[WorkerFactory]:
     """The workers this deployment runs (dispatcher, maintenance), in start order."""
     services: list[WorkerFactory] = []
     # Input delivery needs Temporal; without an address it is off (and said so), so that
-    # a deployment without input streams runs the other workers alone.
-    if settings.temporal_address:
+    # a deployment without input streams runs the other workers alone. The address may
+    # come from DUCTOR_STREAMS_TEMPORAL_ADDRESS, TEMPORAL_ADDRESS or a TEMPORAL_PROFILE;
+    # a bad Temporal setting (TLS file, profile) is a ConfigError here, at start.
+    from ductor_streams.temporal_connection import configured_address
+
+    if configured_address(settings) is not None:
         from ductor_streams.delivery.service import dispatcher_service
 
         services.append(dispatcher_service)
@@ -28,7 +32,8 @@ def worker_services(settings: Settings) -> list[WorkerFactory]:
         import logging
 
         logging.getLogger(__name__).warning(
-            "input delivery is off: DUCTOR_STREAMS_TEMPORAL_ADDRESS is not set"
+            "input delivery is off: no Temporal address"
+            " (DUCTOR_STREAMS_TEMPORAL_ADDRESS, TEMPORAL_ADDRESS or a TEMPORAL_PROFILE)"
         )
     # Upkeep (retention, expiry, orphans, deletions) needs only Postgres and the stores.
     from ductor_streams.maintenance import maintenance_worker

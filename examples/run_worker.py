@@ -1,23 +1,27 @@
 """Runs a Temporal worker for the examples on task queue ``ductor-streams-examples``.
 
 ``python -m examples.run_worker`` runs every example; ``python -m examples.workflows.echo``
-only the echo. Configuration comes from the environment (CONTRACT.md section 2):
-``DUCTOR_STREAMS_TEMPORAL_ADDRESS`` (default ``localhost:7233``), ``_NAMESPACE``,
-``DUCTOR_STREAMS_DATABASE_URL`` and ``_TENANT`` (the activities' store).
+only the echo. Configuration comes from the environment (CONTRACT.md section 2), read
+by ``Settings.from_env``: Temporal as every client of the project connects
+(``DUCTOR_STREAMS_TEMPORAL_ADDRESS``/``_NAMESPACE``, else the standard ``TEMPORAL_*``
+variables and profiles with TLS and API keys; docs/temporal.md), ``localhost:7233`` when
+none names an address; ``DUCTOR_STREAMS_DATABASE_URL`` and ``_TENANT`` (the activities'
+store).
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from collections.abc import Sequence
 
-from temporalio.client import Client
 from temporalio.worker import Worker
 
+from ductor_streams import temporal_connection
+from ductor_streams.config import Settings
 from ductor_streams.plugin import StreamsPlugin
 
 TASK_QUEUE = "ductor-streams-examples"
+DEFAULT_ADDRESS = "localhost:7233"
 
 
 def all_workflows() -> list[type]:
@@ -35,11 +39,10 @@ def all_activities() -> list[object]:
 
 async def run_worker(workflows: Sequence[type] | None = None) -> None:
     """Connect with the StreamsPlugin and poll the examples' task queue until interrupted."""
-    client = await Client.connect(
-        os.environ.get("DUCTOR_STREAMS_TEMPORAL_ADDRESS", "localhost:7233"),
-        namespace=os.environ.get("DUCTOR_STREAMS_TEMPORAL_NAMESPACE", "default"),
-        plugins=[StreamsPlugin()],
-    )
+    settings = Settings.from_env()
+    if temporal_connection.configured_address(settings) is None:
+        settings = settings.with_overrides(temporal_address=DEFAULT_ADDRESS)
+    client = await temporal_connection.connect(settings, plugins=[StreamsPlugin(settings)])
     worker = Worker(
         client,
         task_queue=TASK_QUEUE,

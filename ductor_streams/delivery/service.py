@@ -77,15 +77,14 @@ async def dispatcher_service(app: Any) -> AsyncIterator[None]:
     ``app`` is anything with ``.state.store`` and ``.state.settings`` (the Litestar app
     in ``serve``, a plain holder in ``workers``).
     """
+    from ductor_streams import temporal_connection
     from ductor_streams.delivery.temporal import TemporalWaitService
 
     settings: Settings = app.state.settings
     store = app.state.store
     # Connects on first delivery: Temporal being down delays input (rows back off, with
     # the reason in last_error) but never stops the process from starting.
-    wait_service = TemporalWaitService.connecting(
-        settings.require_temporal(), settings.temporal_namespace
-    )
+    wait_service = TemporalWaitService(connect=temporal_connection.connector(settings))
     dispatcher = Dispatcher(
         store.pool,
         wait_service,
