@@ -1,14 +1,46 @@
-"""Runs the HTTP app under uvicorn (uvloop + httptools, one worker process)."""
+"""Runs the HTTP app under uvicorn (uvloop + httptools, one worker process).
+
+Shutdown on SIGTERM or SIGINT, within ``DUCTOR_STREAMS_SHUTDOWN_TIMEOUT_SECONDS``:
+1. stop accepting connections;
+2. end every SSE response with a reconnect event (``StreamsApp.begin_shutdown``);
+3. let the requests in flight finish: each append is answered, committed or not;
+4. stop the workers and close the pool (the app's lifespan).
+Requests still running after most of the budget are cancelled: an append cancelled
+before its commit is not stored, and its client retries with its Idempotency-Key.
+"""
 
 from __future__ import annotations
+
+import socket
 
 import uvicorn
 
 from ductor_streams.config import Settings
 from ductor_streams.http import create_app
+from ductor_streams.http.app import StreamsApp
 from ductor_streams.http.protocol import HeadHoldingHttpToolsProtocol
 from ductor_streams.logs import configure_logging
 from ductor_streams.workers import worker_services
+
+# The part of the shutdown budget left for the lifespan (workers, pool) after requests.
+LIFESPAN_SHARE = 0.3
+
+
+class DrainingServer(uvicorn.Server):
+    """uvicorn's server, which ends the app's SSE responses as it begins to shut down
+    (uvicorn alone would wait for them until its timeout and then cut them)."""
+
+    def __init__(self, config: uvicorn.Config, app: StreamsApp) -> None:
+        super().__init__(config)
+        self._app = app
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # Listeners first, so that a client reconnecting after its SSE response ended
+        # finds another replica rather than this one.
+        for server in self.servers:
+            server.close()
+        self._app.begin_shutdown()
+        await super().shutdown(sockets)
 
 
 def serve(settings: Settings, *, workers: bool) -> int:
@@ -31,7 +63,7 @@ def serve(settings: Settings, *, workers: bool) -> int:
         # headers per request, would be work for nobody.
         proxy_headers=False,
         lifespan="on",
-        timeout_graceful_shutdown=5,
+        timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds * (1 - LIFESPAN_SHARE)),
     )
-    uvicorn.Server(config).run()
+    DrainingServer(config, app).run()
     return 0

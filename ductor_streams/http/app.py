@@ -47,7 +47,7 @@ def create_app(
     settings: Settings,
     *,
     services: Sequence[Service] = (),
-) -> Litestar:
+) -> StreamsApp:
     """Build the app. ``services`` are extra lifespans (workers) started after the store."""
     settings.require_jwt_secret()
     dsn = settings.require_database()
@@ -109,6 +109,14 @@ class StreamsApp(Litestar):
                 await answer_records(self.state, scope, receive, send, route)
                 return
         await super().__call__(scope, receive, send)
+
+    def begin_shutdown(self) -> None:
+        """The server stops: end every SSE response now, with a reconnect hint (the
+        clients resume on another replica from their Last-Event-ID). In-flight appends
+        are left to finish; the server waits for them."""
+        followers = self.state.get("live_followers")
+        if followers is not None:
+            followers.drain()
 
 
 def _state(settings: Settings) -> Any:

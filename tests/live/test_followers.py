@@ -200,3 +200,23 @@ async def test_a_commit_racing_the_backfill_read_is_delivered(store, pool, hub, 
     await drain(sub, got, 3)
     assert got == [1, 2, 3]
     followers.release(ref.stream_pk, sub)
+
+
+async def test_drain_ends_every_subscription_and_any_started_after_it(store, pool, hub, tenant):
+    from ductor_streams.live.events import Draining
+
+    ref = await new_stream(store, tenant)
+    await add(store, ref, ["a"])
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
+    waiting = [await followers.subscribe(ref.stream_pk, 1) for _ in range(3)]
+    nexts = [asyncio.ensure_future(s.next(30.0)) for s in waiting]
+    await asyncio.sleep(0)  # each is now waiting for a record
+    followers.drain()
+    assert [type(item) for item in await asyncio.gather(*nexts)] == [Draining] * 3
+    late = await followers.subscribe(ref.stream_pk, 0)
+    # The backfill read before the drain is still sent, then the drain ends it.
+    first = await late.next(5.0)
+    assert isinstance(first, list) and [r.sequence for b in first for r in b.records] == [1]
+    assert isinstance(await late.next(5.0), Draining)
+    for s in [*waiting, late]:
+        followers.release(ref.stream_pk, s)
