@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 import shlex
 import shutil
@@ -289,9 +288,7 @@ def run_dev(settings: Settings, *, port: int, data_dir: str) -> int:
             database_url=dsn,
             temporal_address=temporal,
             temporal_environ=temporal_environ,
-            jwt_secret=settings.jwt_secret
-            or os.environ.get("DUCTOR_STREAMS_JWT_SECRET")
-            or _jwt_secret(root),
+            jwt_secret=settings.jwt_secret or _jwt_secret(root),
             object_stores=dict(settings.object_stores) or {settings.region: objects.as_uri()},
         )
         with contextlib.suppress(KeyboardInterrupt):

@@ -5,35 +5,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
 
-from ductor_streams.config import ConfigError, Settings
+from ductor_streams.config import Settings
 from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
 from ductor_streams.schema import QUERIES
 
 log = logging.getLogger(__name__)
-
-
-def config_from_env(env: dict[str, str] | None = None) -> DispatcherConfig:
-    """Tuning knobs (not part of the contract): DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS,
-    _BATCH (deliveries per stream per round) and _STREAMS (streams per round).
-    DUCTOR_STREAMS_DELIVERY_OWNER names the lease owner (default host:random)."""
-    env = dict(os.environ) if env is None else env
-    defaults = DispatcherConfig()
-    try:
-        return DispatcherConfig(
-            lease_seconds=float(
-                env.get("DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS", defaults.lease_seconds)
-            ),
-            per_stream=int(env.get("DUCTOR_STREAMS_DELIVERY_BATCH", defaults.per_stream)),
-            max_streams=int(env.get("DUCTOR_STREAMS_DELIVERY_STREAMS", defaults.max_streams)),
-        )
-    except ValueError as exc:
-        raise ConfigError(f"a DUCTOR_STREAMS_DELIVERY_* setting is not a number: {exc}") from None
 
 
 class _InputWakes:
@@ -89,8 +70,8 @@ async def dispatcher_service(app: Any) -> AsyncIterator[None]:
         store.pool,
         wait_service,
         tenant=settings.tenant,
-        owner=os.environ.get("DUCTOR_STREAMS_DELIVERY_OWNER") or None,
-        config=config_from_env(),
+        owner=settings.delivery_owner,
+        config=DispatcherConfig(**settings.dispatcher_overrides()),
     )
     hub = getattr(store, "hub", None)
     undo = hub.subscribe_any(_InputWakes(store.pool, dispatcher)) if hub is not None else None
