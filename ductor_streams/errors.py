@@ -174,6 +174,24 @@ class CreditExhausted(StreamsError):
         self.retry_after = max(1, int(retry_after))
 
 
+# Seconds a client is told to wait (``Retry-After``) while the database is unavailable:
+# a restart or failover takes a few seconds, and clients back off further themselves.
+DATABASE_RETRY_AFTER_SECONDS = 1
+
+
+class DatabaseUnavailable(StreamsError):
+    """The database is unavailable (restarting, in recovery or unreachable); retry later."""
+
+    code = "database_unavailable"
+    status = 503
+
+    def __init__(
+        self, detail: str | None = None, *, retry_after: int = DATABASE_RETRY_AFTER_SECONDS
+    ) -> None:
+        super().__init__(detail)
+        self.retry_after = max(1, int(retry_after))
+
+
 class InvalidCursor(StreamsError):
     """The cursor must be a non-negative integer."""
 

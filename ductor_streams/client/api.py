@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Sequence
@@ -15,6 +16,19 @@ import httpx
 from ductor_streams.client.errors import ApiError, CreditExhaustedError, error_from
 
 API = "/api/workflow-streams"
+
+# Answers after which the same request may well succeed a moment later: the server (a
+# database restart answers 503 database_unavailable with Retry-After) or a proxy in front
+# of it (502, 504) could not serve it now. Every call is retried on these and on
+# transport errors; an append also on 429 credit_exhausted.
+RETRYABLE_STATUSES = frozenset({502, 503, 504})
+# Retries back off exponentially from FIRST_BACKOFF to MAX_BACKOFF seconds, each wait
+# drawn between half and all of the current step (jitter: clients that failed together
+# do not all come back at the same instant), and never shorter than Retry-After.
+FIRST_BACKOFF = 0.1
+MAX_BACKOFF = 5.0
+# A Retry-After is stretched by up to this fraction, for the same reason.
+RETRY_AFTER_JITTER = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,10 +71,14 @@ class AppendResult:
 class StreamsClient:
     """Talks to one ductor-streams deployment with one bearer token.
 
-    Appends are retried, always with the same ``Idempotency-Key``, on 429 (after the
-    server's ``Retry-After``), 503 and transport errors, while the waits fit in
-    ``retry_budget`` seconds and the tries in ``max_attempts``; then the last error is
-    raised (``CreditExhaustedError`` for 429).
+    Every call is retried on 502, 503 and 504 answers and on transport errors (connection
+    refused or reset, timeouts), with jittered exponential backoff and never sooner than
+    the server's ``Retry-After``, until the next wait would end more than
+    ``retry_budget`` seconds after the first try (each call may pass its own
+    ``retry_budget``) or ``max_attempts`` tries were made (None: no limit but the
+    budget); then the last error is raised. Appends are also retried on 429
+    ``credit_exhausted`` (raising ``CreditExhaustedError`` at the end), always with the
+    same ``Idempotency-Key``, so a retried append is stored once.
     """
 
     def __init__(
@@ -70,7 +88,7 @@ class StreamsClient:
         *,
         http: httpx.AsyncClient | None = None,
         retry_budget: float = 30.0,
-        max_attempts: int = 8,
+        max_attempts: int | None = None,
         timeout: float = 30.0,
     ) -> None:
         self._owns_http = http is None
@@ -96,13 +114,22 @@ class StreamsClient:
     def url(self, path: str) -> str:
         return self.base_url + path
 
-    async def create_stream(self, run_id: str, definition: dict[str, Any]) -> dict[str, Any]:
-        """Create (or find the identical) stream definition; returns definition + state."""
+    async def create_stream(
+        self, run_id: str, definition: dict[str, Any], *, retry_budget: float | None = None
+    ) -> dict[str, Any]:
+        """Create (or find the identical) stream definition; returns definition + state.
+        A retry after a lost answer finds the identical definition."""
         path = f"{API}/runs/{quote(run_id, safe='')}/streams"
-        return (await self._call("POST", path, json=definition)).json()  # type: ignore[no-any-return]
+        response = await self._call("POST", path, json=definition, retry_budget=retry_budget)
+        return response.json()  # type: ignore[no-any-return]
 
-    async def get_stream(self, run_id: str, stream_id: str) -> dict[str, Any]:
-        return (await self._call("GET", self.stream_path(run_id, stream_id))).json()  # type: ignore[no-any-return]
+    async def get_stream(
+        self, run_id: str, stream_id: str, *, retry_budget: float | None = None
+    ) -> dict[str, Any]:
+        response = await self._call(
+            "GET", self.stream_path(run_id, stream_id), retry_budget=retry_budget
+        )
+        return response.json()  # type: ignore[no-any-return]
 
     async def append(
         self,
@@ -111,6 +138,7 @@ class StreamsClient:
         payloads: Sequence[Any],
         *,
         idempotency_key: str | None = None,
+        retry_budget: float | None = None,
     ) -> AppendResult:
         """Append 1 to 1,000 payloads atomically.
 
@@ -124,7 +152,8 @@ class StreamsClient:
             self.stream_path(run_id, stream_id) + "/records",
             json=body,
             headers={"Idempotency-Key": key},
-            retry=True,
+            retry_credit=True,
+            retry_budget=retry_budget,
         )
         data = response.json()
         return AppendResult(
@@ -133,12 +162,21 @@ class StreamsClient:
             response.headers.get("idempotent-replayed") == "true",
         )
 
-    async def read(self, run_id: str, stream_id: str, cursor: int = 0, limit: int = 100) -> Page:
+    async def read(
+        self,
+        run_id: str,
+        stream_id: str,
+        cursor: int = 0,
+        limit: int = 100,
+        *,
+        retry_budget: float | None = None,
+    ) -> Page:
         """One page of records with ``sequence > cursor``."""
         response = await self._call(
             "GET",
             self.stream_path(run_id, stream_id) + "/records",
             params={"cursor": cursor, "limit": limit},
+            retry_budget=retry_budget,
         )
         data = response.json()
         return Page(
@@ -149,14 +187,30 @@ class StreamsClient:
             closed=bool(data["closed"]),
         )
 
-    async def ack(self, run_id: str, stream_id: str, consumer_id: str, sequence: int) -> int:
+    async def ack(
+        self,
+        run_id: str,
+        stream_id: str,
+        consumer_id: str,
+        sequence: int,
+        *,
+        retry_budget: float | None = None,
+    ) -> int:
+        """Acknowledge up to ``sequence``; returns the consumer's ack. A retry after a
+        lost answer is a no-op (the same ack again changes nothing)."""
         path = f"{self.stream_path(run_id, stream_id)}/consumers/{quote(consumer_id, safe='')}/ack"
-        response = await self._call("POST", path, json={"sequence": sequence})
+        response = await self._call(
+            "POST", path, json={"sequence": sequence}, retry_budget=retry_budget
+        )
         return int(response.json()["acked_sequence"])
 
-    async def close_stream(self, run_id: str, stream_id: str) -> int:
+    async def close_stream(
+        self, run_id: str, stream_id: str, *, retry_budget: float | None = None
+    ) -> int:
         """Close the stream; returns its last sequence."""
-        response = await self._call("POST", self.stream_path(run_id, stream_id) + "/close")
+        response = await self._call(
+            "POST", self.stream_path(run_id, stream_id) + "/close", retry_budget=retry_budget
+        )
         return int(response.json()["last_sequence"])
 
     def subscribe(
@@ -195,37 +249,52 @@ class StreamsClient:
         method: str,
         path: str,
         *,
-        retry: bool = False,
+        retry_credit: bool = False,
+        retry_budget: float | None = None,
         headers: dict[str, str] | None = None,
         **kwargs: Any,
     ) -> httpx.Response:
-        deadline = time.monotonic() + self.retry_budget
-        backoff = 0.1
+        """Send the request, retrying as the class docstring says; the same ``headers``
+        (an append's ``Idempotency-Key``) go with every try."""
+        budget = self.retry_budget if retry_budget is None else retry_budget
+        deadline = time.monotonic() + budget
+        backoff = FIRST_BACKOFF
         attempt = 0
         while True:
             attempt += 1
-            wait: float | None = None
             error: BaseException
+            retry_after: float | None = None
             try:
                 response = await self.http.request(
                     method, self.url(path), headers={**self._headers, **(headers or {})}, **kwargs
                 )
             except httpx.TransportError as exc:
-                if not retry:
-                    raise
-                error, wait = exc, backoff
-                backoff = min(backoff * 2, 5.0)
+                error = exc
             else:
                 if response.status_code < 400:
                     return response
                 error = _problem(response)
-                if not retry or response.status_code not in (429, 503):
+                retryable = response.status_code in RETRYABLE_STATUSES or (
+                    retry_credit and response.status_code == 429
+                )
+                if not retryable:
                     raise error
-                wait = _retry_after(response) or backoff
-                backoff = min(backoff * 2, 5.0)
-            if attempt >= self.max_attempts or time.monotonic() + wait > deadline:
+                retry_after = _retry_after(response)
+            wait = retry_wait(backoff, retry_after)
+            backoff = min(backoff * 2, MAX_BACKOFF)
+            out_of_attempts = self.max_attempts is not None and attempt >= self.max_attempts
+            if out_of_attempts or time.monotonic() + wait > deadline:
                 raise error
             await asyncio.sleep(wait)
+
+
+def retry_wait(backoff: float, retry_after: float | None) -> float:
+    """Seconds to wait before the next try: between half and all of ``backoff``, and at
+    least the server's ``retry_after`` (stretched by up to RETRY_AFTER_JITTER)."""
+    wait = random.uniform(backoff / 2, backoff)
+    if retry_after is not None:
+        wait = max(wait, retry_after * random.uniform(1.0, 1.0 + RETRY_AFTER_JITTER))
+    return wait
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -16,9 +16,6 @@ from ductor_streams.client.errors import ConnectionLostError, error_from
 if TYPE_CHECKING:
     from ductor_streams.client.api import Record, StreamsClient
 
-# Answers after which trying again later can succeed; every other problem is final.
-_RETRYABLE = {502, 503, 504}
-
 
 class _Dropped(Exception):
     """The connection ended without ``end``: reconnect."""
@@ -32,10 +29,17 @@ async def follow(
     reconnect_budget: float,
     idle_timeout: float,
 ) -> AsyncIterator[Record]:
-    from ductor_streams.client.api import Record
+    from ductor_streams.client.api import (
+        FIRST_BACKOFF,
+        MAX_BACKOFF,
+        RETRYABLE_STATUSES,
+        Record,
+        retry_wait,
+    )
 
     last = cursor
-    delay = 0.1
+    delay = FIRST_BACKOFF
+    retry_after: float | None = None  # the last refusal's Retry-After
     down_since: float | None = None
     timeout = httpx.Timeout(10.0, read=idle_timeout)
     while True:
@@ -52,10 +56,14 @@ async def follow(
                     except ValueError:
                         problem = {"code": "http_error", "detail": response.text[:200]}
                     error = error_from(response.status_code, problem)
-                    if response.status_code in _RETRYABLE:
+                    # Trying again later can succeed (502, 503, 504); any other problem
+                    # is final.
+                    if response.status_code in RETRYABLE_STATUSES:
+                        raw = response.headers.get("retry-after", "").strip()
+                        retry_after = float(raw) if raw.isdigit() else None
                         raise _Dropped() from error
                     raise error
-                down_since, delay = None, 0.1
+                down_since, delay = None, FIRST_BACKOFF
                 async for event in source.aiter_sse():
                     if event.event == "record":
                         record = Record.from_json(json.loads(event.data))
@@ -75,5 +83,5 @@ async def follow(
                 raise ConnectionLostError(
                     f"no connection to the stream for {reconnect_budget:g} s"
                 ) from exc
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            await asyncio.sleep(retry_wait(delay, retry_after))
+            delay, retry_after = min(delay * 2, MAX_BACKOFF), None

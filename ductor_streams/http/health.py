@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from litestar import Request, Response, get
@@ -9,6 +10,12 @@ from litestar import Request, Response, get
 from ductor_streams.errors import StreamsError
 from ductor_streams.http.codec import json_response
 from ductor_streams.schema.migrate import is_current
+from ductor_streams.store.db import database_unavailable
+
+# A readiness probe answers within this many seconds: a database that takes longer to
+# hand out a connection and answer one query is not ready (a partition must not hang
+# the probe until the connect timeout).
+READY_TIMEOUT_SECONDS = 2.0
 
 
 class NotReady(StreamsError):
@@ -26,11 +33,20 @@ async def healthz() -> Response[bytes]:
 
 @get("/readyz", exclude_from_auth=True)
 async def readyz(request: Request[Any, Any, Any]) -> Response[bytes]:
-    """The database answers and every migration is applied."""
+    """The database answers and every migration is applied.
+
+    Not ready (503) while the database is unreachable, restarting or in recovery; ready
+    again once the pool reconnects, without a restart of this process.
+    """
     try:
-        async with request.app.state.store.pool.acquire() as conn:
-            current = await is_current(conn)
-    except (OSError, TimeoutError) as exc:
+        async with asyncio.timeout(READY_TIMEOUT_SECONDS):
+            async with request.app.state.store.pool.acquire() as conn:
+                current = await is_current(conn)
+    except TimeoutError as exc:
+        raise NotReady("the database does not answer") from exc
+    except Exception as exc:
+        if not database_unavailable(exc):
+            raise
         raise NotReady("the database is unreachable") from exc
     if not current:
         raise NotReady("migrations are pending: run `ductor-streams migrate`")

@@ -48,6 +48,8 @@ ERROR_STATUSES = {
     "422": "`invalid_definition`, `content_class_forbidden`, `placement_mismatch`, ...",
     "429": "`credit_exhausted`; retry after `Retry-After` seconds",
     "431": "`request_header_too_large`: the headers exceed 32 KiB in all",
+    "503": "`database_unavailable` (Postgres restarting, failing over or unreachable); "
+    "retry after `Retry-After` seconds",
 }
 
 _INT = {"type": "integer", "minimum": 0}
@@ -263,9 +265,10 @@ def _problem_answers() -> dict[str, Any]:
         }
         for status, description in ERROR_STATUSES.items()
     }
-    answers["429"]["headers"] = {
-        "Retry-After": {"schema": {"type": "integer", "minimum": 1}, "required": True}
-    }
+    for status in ("429", "503"):
+        answers[status]["headers"] = {
+            "Retry-After": {"schema": {"type": "integer", "minimum": 1}, "required": True}
+        }
     return answers
 
 

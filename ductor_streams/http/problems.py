@@ -11,6 +11,7 @@ from litestar.exceptions import HTTPException, NotFoundException
 
 from ductor_streams.errors import (
     CreditExhausted,
+    DatabaseUnavailable,
     InvalidBody,
     MethodNotAllowed,
     NotFound,
@@ -18,6 +19,7 @@ from ductor_streams.errors import (
     StreamsError,
 )
 from ductor_streams.store.db import translate_db_error
+from ductor_streams.store.outage import report_unavailable
 
 log = logging.getLogger(__name__)
 PROBLEM_JSON = "application/problem+json"
@@ -38,7 +40,7 @@ def problem_parts(
         body["instance"] = instance
     body.update(error.extra)
     headers = {}
-    if isinstance(error, CreditExhausted):
+    if isinstance(error, CreditExhausted | DatabaseUnavailable):
         headers["Retry-After"] = str(error.retry_after)
     return error.status, msgspec.json.encode(body), headers
 
@@ -65,14 +67,18 @@ def _from_http_exception(exc: HTTPException) -> StreamsError:
 
 def error_for(exc: Exception, route: str | None) -> StreamsError:
     """The problem an exception is answered with; an unexpected one is logged (its type
-    and the route only, never the payload or the token) and becomes a 500."""
+    and the route only, never the payload or the token) and becomes a 500. An
+    unavailable database (restarting, failing over, unreachable) is a 503
+    ``database_unavailable`` with ``Retry-After``, logged as a warning now and then
+    (store/outage.py), not a traceback per request."""
     if isinstance(exc, StreamsError):
         error = exc
     elif isinstance(exc, HTTPException):
         error = _from_http_exception(exc)
     elif isinstance(translated := translate_db_error(exc), StreamsError):
-        # A driver error that stands for bad input (e.g. NUL in text) on a path that
-        # did not translate it itself: still a 4xx, never a 500.
+        # A driver error that stands for bad input (e.g. NUL in text) or for an
+        # unavailable database, on a path that did not translate it itself: a 4xx or a
+        # 503, never a 500.
         error = translated
     else:
         log.error(
@@ -81,6 +87,8 @@ def error_for(exc: Exception, route: str | None) -> StreamsError:
             extra={"route": route, "error_type": type(exc).__name__},
         )
         error = StreamsError("internal error")
+    if isinstance(error, DatabaseUnavailable):
+        report_unavailable("http", error, route=route)
     return error
 
 

@@ -43,4 +43,11 @@ class Gone:
     """The stream no longer exists."""
 
 
-Terminal = End | Expired | Gone
+@dataclass(frozen=True, slots=True)
+class Interrupted:
+    """The subscriber's own read found the database unavailable (a restart, a failover):
+    the response ends without an event, and the client resumes from its Last-Event-ID,
+    the last record it was sent."""
+
+
+Terminal = End | Expired | Gone | Interrupted

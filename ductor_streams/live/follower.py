@@ -50,9 +50,15 @@ from ductor_streams.live.events import LiveBatch
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.live.stats import LIVE_FED
 from ductor_streams.live.subscription import Subscription
+from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page, Record
+from ductor_streams.store.outage import report_unavailable
 
 log = logging.getLogger(__name__)
+
+# Failed reads are retried after retry_delay, doubling up to this many seconds while they
+# keep failing (the database is restarting); the hub's reconnect wakes the follower too.
+MAX_RETRY_DELAY = 1.0
 
 # A wake that does not say up to where to read: read everything.
 READ_ALL = 1 << 62
@@ -172,6 +178,7 @@ class StreamFollower:
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
+        retry_delay = self._retry_delay
         while True:
             # A timer rather than asyncio.wait_for, which wraps the wait in a task of its
             # own: a wake would then reach this loop three turns of the event loop after
@@ -198,13 +205,20 @@ class StreamFollower:
                     self._read_to = 0
                     self._read_now = False
                     await self._read_new()
-            except Exception:
-                # The pool or the database hiccuped: try again soon. Subscribers keep
-                # what they have; nothing is skipped because last_read did not move.
-                log.exception("live follower read failed", extra={"stream_pk": self.stream_pk})
-                await asyncio.sleep(self._retry_delay)
+            except Exception as exc:
+                # The pool or the database hiccuped: try again soon, backing off while
+                # the database stays away (a restart). Subscribers keep what they have;
+                # nothing is skipped because last_read did not move.
+                if database_unavailable(exc):
+                    report_unavailable("live", exc)
+                else:
+                    log.exception("live follower read failed", extra={"stream_pk": self.stream_pk})
+                await asyncio.sleep(retry_delay)
+                retry_delay = min(retry_delay * 2, MAX_RETRY_DELAY)
                 self._read_to = READ_ALL
                 self._wake.set()
+            else:
+                retry_delay = self._retry_delay
 
     async def _deliver_fed(self) -> None:
         while self._fed and not self._stopped:

@@ -24,7 +24,9 @@ from ductor_streams.live.hub import NotificationHub
 from ductor_streams.live.stats import LIVE_READS
 from ductor_streams.live.subscription import Subscription
 from ductor_streams.schema import QUERIES
+from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page, Record
+from ductor_streams.store.outage import report_unavailable
 from ductor_streams.store.read import read_page
 
 log = logging.getLogger(__name__)
@@ -113,9 +115,12 @@ class Followers:
                     list(self._followers),
                     self.settings.watch_seconds,
                 )
-            except Exception:
+            except Exception as exc:
                 # A lapsed watch only delays other processes' wakes: followers also poll.
-                log.exception("could not renew the watch of followed streams")
+                if database_unavailable(exc):
+                    report_unavailable("live", exc)
+                else:
+                    log.exception("could not renew the watch of followed streams")
 
     def release(self, stream_pk: int, subscription: Subscription) -> None:
         """Unregister a subscription; the last one out stops the stream's follower."""

@@ -19,8 +19,14 @@ from collections.abc import Callable, Iterator
 
 import asyncpg
 
+from ductor_streams.store.db import CONNECT_TIMEOUT_SECONDS
+
 CHANNEL = "workflow_streams"
 log = logging.getLogger(__name__)
+
+# Reconnect attempts back off up to this many seconds apart: after a Postgres restart
+# the hub is back (and its followers re-read) at most about this long after Postgres.
+MAX_RECONNECT_DELAY = 1.0
 
 WakeCallback = Callable[[int], None]
 StreamWakeCallback = Callable[[int, int | None], None]
@@ -31,9 +37,16 @@ committed, or None when the wake says only that something changed."""
 class NotificationHub:
     """Fans Postgres notifications out to in-process watchers, per stream."""
 
-    def __init__(self, dsn: str, *, reconnect_delay: float = 0.2) -> None:
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        reconnect_delay: float = 0.2,
+        max_reconnect_delay: float = MAX_RECONNECT_DELAY,
+    ) -> None:
         self._dsn = dsn
         self._reconnect_delay = reconnect_delay
+        self._max_reconnect_delay = max_reconnect_delay
         self._conn: asyncpg.Connection | None = None
         self._watchers: dict[int, set[StreamWakeCallback]] = {}
         self._any_watchers: set[WakeCallback] = set()
@@ -123,15 +136,24 @@ class NotificationHub:
         if wake is not None:
             self._wake(*wake)
 
-    def _on_terminated(self, _conn: object) -> None:
+    def _on_terminated(self, conn: object) -> None:
+        if conn is not self._conn:
+            return  # a connection that never finished starting (see _connect)
         self._conn = None
         if not self._closed and (self._reconnect_task is None or self._reconnect_task.done()):
+            log.warning("LISTEN connection lost; reconnecting")
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _connect(self) -> None:
-        conn = await asyncpg.connect(self._dsn)
+        conn = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_SECONDS)
+        try:
+            await conn.add_listener(CHANNEL, self._on_notify)
+        except BaseException:
+            conn.terminate()  # e.g. Postgres went away again between the two
+            raise
         conn.add_termination_listener(self._on_terminated)
-        await conn.add_listener(CHANNEL, self._on_notify)
+        if conn.is_closed():  # lost before the termination listener was there to notice
+            raise asyncpg.exceptions.ConnectionDoesNotExistError("lost while it started")
         self._conn = conn
 
     async def _reconnect(self) -> None:
@@ -139,11 +161,14 @@ class NotificationHub:
         while not self._closed:
             try:
                 await self._connect()
-            except (TimeoutError, OSError, asyncpg.PostgresError) as exc:
+            except Exception as exc:
+                # Postgres is restarting, failing over or unreachable: keep trying, with
+                # backoff, for as long as it takes.
                 log.warning("LISTEN reconnect failed: %s", type(exc).__name__)
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                delay = min(delay * 2, self._max_reconnect_delay)
                 continue
+            log.info("LISTEN connection back; every follower re-reads")
             self.reconnects += 1
             # Anything committed while we were away was not announced: everyone re-reads.
             self._wake_all()

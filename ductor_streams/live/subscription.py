@@ -22,8 +22,10 @@ from collections.abc import Awaitable, Callable
 
 from ductor_streams import metrics
 from ductor_streams.errors import CursorExpired, NotFound
-from ductor_streams.live.events import End, Expired, Gone, LiveBatch, Terminal
+from ductor_streams.live.events import End, Expired, Gone, Interrupted, LiveBatch, Terminal
+from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page
+from ductor_streams.store.outage import report_unavailable
 
 log = logging.getLogger(__name__)
 
@@ -183,6 +185,10 @@ class Subscription:
                     return self._finish(Expired(exc))
                 except NotFound:
                     return self._finish(Gone())
+                except Exception as exc:
+                    if not database_unavailable(exc):
+                        raise
+                    return self._finish(_interrupted(exc))
                 self._catching_up = len(page.records) >= self._page
                 batches = self._take_page(page)
                 if batches:
@@ -202,7 +208,7 @@ class Subscription:
                     self._waiter = None
                 continue
             delivery = await self._from_buffer()
-            if isinstance(delivery, Expired | Gone):
+            if isinstance(delivery, Expired | Gone | Interrupted):
                 return self._finish(delivery)
             if delivery:
                 return delivery
@@ -251,7 +257,7 @@ class Subscription:
         self.postgres_reads += 1
         return await self._read(after, limit)
 
-    async def _from_buffer(self) -> list[LiveBatch] | Expired | Gone:
+    async def _from_buffer(self) -> list[LiveBatch] | Expired | Gone | Interrupted:
         out: list[LiveBatch] = []
         count = 0
         while self._buffer and not self._overflowed and count < MAX_DELIVERY_RECORDS:
@@ -277,7 +283,7 @@ class Subscription:
             self.last_sent = records[-1].sequence
         return out
 
-    async def _repair(self, received: int) -> list[LiveBatch] | Expired | Gone:
+    async def _repair(self, received: int) -> list[LiveBatch] | Expired | Gone | Interrupted:
         expected = self.last_sent + 1
         batches: list[LiveBatch] = []
         try:
@@ -292,6 +298,10 @@ class Subscription:
             return Expired(exc)
         except NotFound:
             return Gone()
+        except Exception as exc:
+            if not database_unavailable(exc):
+                raise
+            return _interrupted(exc)
         self.gaps += 1
         repaired = self.last_sent + 1 - expected
         metrics.GAP_REPAIRS.inc()
@@ -305,3 +315,10 @@ class Subscription:
         except Exception:  # evidence is best effort; delivery goes on
             log.exception("could not record gap evidence")
         return batches
+
+
+def _interrupted(exc: BaseException) -> Interrupted:
+    # Ending the response loses nothing: last_sent is what the client saw last, and its
+    # resume (Last-Event-ID) reads on from there once the database is back.
+    report_unavailable("live", exc)
+    return Interrupted()

@@ -28,8 +28,14 @@ from ductor_streams.maintenance.sweep import (
     sweep_orphans,
 )
 from ductor_streams.objects.stores import BlobStores
+from ductor_streams.store.db import database_unavailable
+from ductor_streams.store.outage import report_unavailable
 
 log = logging.getLogger(__name__)
+
+# A pass that found the database unavailable is retried after this many seconds, then
+# twice as long each time it fails again, up to the interval.
+UNAVAILABLE_FIRST_RETRY_SECONDS = 1.0
 
 
 @dataclass(frozen=True)
@@ -147,6 +153,7 @@ def maintenance_worker(settings: Settings) -> Any:
 
 async def _loop(pool: asyncpg.Pool, stores: BlobStores, config: UpkeepConfig) -> None:
     last_orphan_sweep = float("-inf")
+    retry = UNAVAILABLE_FIRST_RETRY_SECONDS
     while True:
         started = time.monotonic()
         sweep = started - last_orphan_sweep >= config.orphan_interval_seconds
@@ -164,6 +171,14 @@ async def _loop(pool: asyncpg.Pool, stores: BlobStores, config: UpkeepConfig) ->
         except asyncio.CancelledError:
             raise
         except Exception as exc:
+            if database_unavailable(exc):
+                # Postgres is restarting or failing over: wait and try again, backing
+                # off up to the interval, so upkeep resumes soon after it is back.
+                report_unavailable("upkeep", exc)
+                await asyncio.sleep(min(retry, config.interval_seconds))
+                retry = min(retry * 2, config.interval_seconds)
+                continue
             # Keep running: the next pass retries whatever this one could not do.
             log.warning("upkeep pass failed", extra={"error_type": type(exc).__name__})
+        retry = UNAVAILABLE_FIRST_RETRY_SECONDS
         await asyncio.sleep(config.interval_seconds)

@@ -52,7 +52,7 @@ from ductor_streams.errors import (
     StreamsError,
 )
 from ductor_streams.schema import QUERIES
-from ductor_streams.store.db import translate_db_error
+from ductor_streams.store.db import database_unavailable, translate_db_error
 from ductor_streams.store.eager import start_now
 from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.held import HeldConnection
@@ -262,8 +262,10 @@ class Appender:
                 notify_inline,
             )
         except asyncpg.PostgresError as exc:
-            if _outcome_unknown(exc):
-                raise  # _run answers every request of the statement with the error
+            if _outcome_unknown(exc) or database_unavailable(exc):
+                # _run answers every request of the statement with the error (splitting
+                # the statement would only meet the same outage once per stream).
+                raise
             # One stream's bad data must not fail the others: each group alone.
             for stream_pk, group in groups:
                 await self._run_group(stream_pk, group, notify_inline=False)
@@ -278,7 +280,7 @@ class Appender:
                 stream_pk, [batch for batch, _ in group], notify_inline
             )
         except asyncpg.PostgresError as exc:
-            if len(group) == 1 or _outcome_unknown(exc):
+            if len(group) == 1 or _outcome_unknown(exc) or database_unavailable(exc):
                 for _, future in group:
                     _settle(future, translate_db_error(exc))
                 return

@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from types import TracebackType
 
 import asyncpg
 
-from ductor_streams.errors import InvalidInput, StreamsError
+from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsError
+
+# A new connection that takes longer than this counts as the database being unreachable
+# (asyncpg's own default is 60 s: a request would hang that long in a network partition).
+CONNECT_TIMEOUT_SECONDS = 10.0
 
 
 async def _reset(conn: asyncpg.Connection) -> None:
@@ -27,19 +32,69 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asy
         reset=_reset,
         max_inactive_connection_lifetime=60.0,
         command_timeout=60.0,
+        timeout=CONNECT_TIMEOUT_SECONDS,
     )
     assert pool is not None
     return pool
 
 
+# Errors in which Postgres says it cannot serve now, whatever the statement: shutting
+# down or crashed (57P01, 57P02), starting up or in recovery (57P03), its database gone
+# (57P04), the session timed out (57P05); a standby after failover refuses writes (25006);
+# no connection slot left (53300). Not query_canceled (57014): a statement timeout or a
+# cancel is about the statement, not the server.
+_UNAVAILABLE_STATES = (
+    asyncpg.exceptions.PostgresConnectionError,  # class 08, e.g. the connection was lost
+    asyncpg.exceptions.AdminShutdownError,
+    asyncpg.exceptions.CrashShutdownError,
+    asyncpg.exceptions.CannotConnectNowError,
+    asyncpg.exceptions.DatabaseDroppedError,
+    asyncpg.exceptions.IdleSessionTimeoutError,
+    asyncpg.exceptions.ReadOnlySQLTransactionError,
+    asyncpg.exceptions.TooManyConnectionsError,
+)
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database cannot serve right now (unreachable, restarting,
+    in recovery, a read-only standby after failover, out of connections, the connection
+    lost), so that the same request may succeed a few seconds later.
+
+    An ``OSError`` (refused, reset, unreachable, a connect or pool timeout) counts only
+    when the driver raised it: the same error from a blob store is not the database's.
+    """
+    if isinstance(exc, DatabaseUnavailable) or isinstance(exc, _UNAVAILABLE_STATES):
+        return True
+    if isinstance(exc, asyncpg.InterfaceError):
+        # "connection is closed", "the underlying connection is closed", "pool is
+        # closing": the connection went away under the statement. Other interface errors
+        # ("another operation is in progress") are bugs, not outages.
+        message = str(exc)
+        return "closed" in message or "closing" in message
+    return isinstance(exc, OSError) and _raised_by_driver(exc.__traceback__)
+
+
+def _raised_by_driver(tb: TracebackType | None) -> bool:
+    # A re-raised error keeps its first traceback after the new frames (the appender
+    # hands a statement's error to each waiting request through a future).
+    while tb is not None:
+        if tb.tb_frame.f_globals.get("__name__", "").startswith("asyncpg"):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def translate_db_error(exc: BaseException) -> BaseException:
     """The domain error a driver error stands for, or the error itself.
 
-    This is the one place where asyncpg errors become domain errors; the
+    This is the one place where asyncpg errors become domain errors (an unavailable
+    database becomes ``DatabaseUnavailable``, see ``database_unavailable``); the
     original stays attached as ``__cause__``.
     """
     domain: StreamsError | None = None
-    if isinstance(
+    if database_unavailable(exc):
+        domain = DatabaseUnavailable("the database is unavailable; retry after Retry-After")
+    elif isinstance(
         exc,
         asyncpg.exceptions.UntranslatableCharacterError
         | asyncpg.exceptions.CharacterNotInRepertoireError,
@@ -58,5 +113,5 @@ def translate_db_errors() -> Iterator[None]:
     """Raise the domain error that a driver error inside the block stands for."""
     try:
         yield
-    except asyncpg.PostgresError as exc:
+    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
         raise translate_db_error(exc) from exc
