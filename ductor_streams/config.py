@@ -80,6 +80,10 @@ class Settings(BaseModel):
     pool_min_size: int = Field(default=2, ge=0, le=1000)
     pool_max_size: int = Field(default=10, ge=1, le=1000)
     shutdown_timeout_seconds: float = Field(default=10.0, ge=0, le=3600)
+    head_timeout_seconds: float = Field(default=10.0, ge=0.1, le=600)
+    max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
+    # None: the file-descriptor limit less what the process needs for itself.
+    max_connections: int | None = Field(default=None, ge=16, le=1_000_000)
     log_level: str = "INFO"
 
     # live delivery (LiveSettings)

@@ -151,6 +151,13 @@ EXPIRED_INTENTS = Counter(
     "Object intents swept after expiry or abort.",
     registry=REGISTRY,
 )
+CONNECTIONS_REFUSED = Counter(
+    "ductor_streams_connections_refused_total",
+    "Connections closed or refused by the connection guard (http/connection_guard.py), "
+    "by reason: head_timeout, head_too_large, too_many, evicted.",
+    ["reason"],
+    registry=REGISTRY,
+)
 
 # Every known label value from the start, so a dashboard sees 0 rather than no series.
 for _direction in ("input", "output"):
@@ -158,6 +165,8 @@ for _direction in ("input", "output"):
         _counter.labels(_direction)
 for _reason in ("credit", "quota"):
     CREDIT_REJECTIONS.labels(_reason)
+for _reason in ("head_timeout", "head_too_large", "too_many", "evicted"):
+    CONNECTIONS_REFUSED.labels(_reason)
 for _outcome in ("delivered", "retrying", "dead"):
     DELIVERY_ATTEMPTS.labels(_outcome)
 for _outcome in ("done", "failed"):

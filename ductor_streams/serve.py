@@ -18,7 +18,11 @@ import uvicorn
 from ductor_streams.config import Settings
 from ductor_streams.http import create_app
 from ductor_streams.http.app import StreamsApp
-from ductor_streams.http.protocol import HeadHoldingHttpToolsProtocol
+from ductor_streams.http.connection_guard import (
+    ConnectionLimits,
+    default_max_connections,
+    guarded,
+)
 from ductor_streams.logs import configure_logging
 from ductor_streams.workers import worker_services
 
@@ -55,7 +59,13 @@ def serve(settings: Settings, *, workers: bool) -> int:
         host=settings.host,
         port=settings.port,
         loop="uvloop",
-        http=HeadHoldingHttpToolsProtocol,
+        http=guarded(
+            ConnectionLimits(
+                head_timeout=settings.head_timeout_seconds,
+                max_head_bytes=settings.max_header_bytes,
+                max_connections=settings.max_connections or default_max_connections(),
+            )
+        ),
         log_level="warning",
         access_log=False,
         # Nothing here reads the client's address or scheme (no access log; links are

@@ -53,6 +53,8 @@ class ServerProcess:
     port: int = field(default_factory=free_port)
     log_path: Path | None = None
     process: subprocess.Popen[bytes] | None = None
+    # The server's file-descriptor limit (``ulimit -n``), when a test sets one.
+    nofile: int | None = None
 
     @property
     def url(self) -> str:
@@ -73,7 +75,9 @@ class ServerProcess:
             args.append("--no-workers")
         env = {**os.environ, **settings_env(self.settings), **self.extra_env}
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
-        self.process = subprocess.Popen(args, env=env, stdout=log, stderr=log)
+        self.process = subprocess.Popen(
+            args, env=env, stdout=log, stderr=log, preexec_fn=self._limits if self.nofile else None
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -86,6 +90,12 @@ class ServerProcess:
             time.sleep(0.05)
         self.stop()
         raise TimeoutError("server did not become healthy in time")
+
+    def _limits(self) -> None:
+        import resource
+
+        assert self.nofile is not None
+        resource.setrlimit(resource.RLIMIT_NOFILE, (self.nofile, self.nofile))
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
         if self.process is None or self.process.poll() is not None:

@@ -1,0 +1,207 @@
+"""Connection hygiene at the HTTP protocol, before any routing: a deadline for each
+request's head, a cap on its size, and a cap on open connections that keeps the health
+routes reachable.
+
+uvicorn alone waits forever for a request's head (1,000 silent connections stay open),
+buffers a header of any size before rejecting it, and accepts connections until the
+process runs out of file descriptors, when ``/healthz`` fails too. Here:
+
+- **Head deadline.** From a connection's start, and from the first byte of each later
+  request, the request line and headers must arrive within ``head_timeout`` seconds;
+  otherwise the connection is closed (with ``408`` when part of a head came).
+- **Head size.** A head over ``max_head_bytes`` is answered ``431`` at once, counted in
+  raw bytes as they arrive (so a 128 MiB header is cut after the first 64 KiB, not
+  parsed whole), on every route, health included.
+- **Connection cap.** At ``max_connections`` open connections, a new one evicts the
+  connection that has waited longest for a request head (a silent or trickling client,
+  or an idle keep-alive one); only when none waits is the new one answered ``503`` and
+  closed. A probe of ``/healthz`` therefore gets in however many stalled connections an
+  attacker holds, and a stream being served (SSE) or a request being answered is never
+  cut for it.
+
+The answers are RFC 9457 problems, like every other error of the server.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import resource
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ductor_streams import metrics
+from ductor_streams.http.protocol import HeadHoldingHttpToolsProtocol
+
+# File descriptors kept free for everything that is not a client connection: the
+# database pool, the LISTEN connection, Temporal, logs, object files.
+RESERVED_DESCRIPTORS = 64
+
+
+@dataclass(frozen=True)
+class ConnectionLimits:
+    """The limits of one server (docs/security.md, "Connections")."""
+
+    head_timeout: float = 10.0
+    max_head_bytes: int = 64 * 1024
+    max_connections: int = 1024
+
+
+def default_max_connections() -> int:
+    """The file-descriptor limit less what the process needs for itself."""
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        soft = 65536
+    return max(16, soft - RESERVED_DESCRIPTORS)
+
+
+def _problem(status: int, code: str, title: str, detail: str, *extra: bytes) -> bytes:
+    body = json.dumps(
+        {
+            "type": f"https://ductor.dev/problems/{code}",
+            "title": title,
+            "status": status,
+            "detail": detail,
+            "code": code,
+        },
+        separators=(",", ":"),
+    ).encode()
+    return b"".join(
+        [
+            b"HTTP/1.1 %d %s\r\n" % (status, title.encode()),
+            b"content-type: application/problem+json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"cache-control: no-store\r\n",
+            b"x-content-type-options: nosniff\r\n",
+            *extra,
+            b"connection: close\r\n\r\n",
+            body,
+        ]
+    )
+
+
+HEAD_TOO_LARGE = _problem(
+    431,
+    "request_header_too_large",
+    "Request Header Fields Too Large",
+    "the request line and headers exceed the server's limit",
+)
+HEAD_TIMEOUT = _problem(
+    408, "request_timeout", "Request Timeout", "the request's headers did not arrive in time"
+)
+TOO_MANY_CONNECTIONS = _problem(
+    503,
+    "too_many_connections",
+    "Service Unavailable",
+    "the server has too many open connections",
+    b"retry-after: 1\r\n",
+)
+
+
+class GuardedHttpToolsProtocol(HeadHoldingHttpToolsProtocol):
+    """The server's protocol with the limits above. Made per server by ``guarded``."""
+
+    limits: ClassVar[ConnectionLimits]
+    # Connections waiting for a request head, oldest first (dicts keep order).
+    waiting: ClassVar[dict[GuardedHttpToolsProtocol, None]]
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        open_before = len(self.connections)
+        super().connection_made(transport)
+        self._head_bytes = 0
+        self._in_head = True
+        self._head_timer: asyncio.TimerHandle | None = None
+        if open_before >= self.limits.max_connections and not self._evict_one():
+            metrics.CONNECTIONS_REFUSED.labels("too_many").inc()
+            self._answer_and_close(TOO_MANY_CONNECTIONS)
+            return
+        self._await_head()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head_done()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            if self._head_timer is None:
+                self._await_head()
+            self._head_bytes += len(data)
+        super().data_received(data)
+        # Still in the same head after its bytes were parsed: check its size. (Body
+        # bytes that came with the end of a head are not counted: the head ended.)
+        if (
+            self._in_head
+            and self._head_bytes > self.limits.max_head_bytes
+            and not self.transport.is_closing()
+        ):
+            metrics.CONNECTIONS_REFUSED.labels("head_too_large").inc()
+            self._answer_and_close(HEAD_TOO_LARGE)
+
+    def on_headers_complete(self) -> None:
+        self._head_done()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        # The next request's head starts with the next byte; its deadline then.
+        self._in_head = True
+        self._head_bytes = 0
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        if self._in_head and not self.transport.is_closing():
+            # Idle keep-alive: uvicorn's own keep-alive timeout closes it; meanwhile
+            # it is the first to go when the connection cap is reached.
+            self.waiting[self] = None
+
+    # -- the head's deadline ---------------------------------------------------------
+
+    def _await_head(self) -> None:
+        self.waiting.pop(self, None)
+        self.waiting[self] = None
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self.loop.call_later(self.limits.head_timeout, self._head_timed_out)
+
+    def _head_done(self) -> None:
+        self._in_head = False
+        self._head_bytes = 0
+        self.waiting.pop(self, None)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if not self._in_head or self.transport.is_closing():
+            return
+        metrics.CONNECTIONS_REFUSED.labels("head_timeout").inc()
+        if self._head_bytes:
+            self._answer_and_close(HEAD_TIMEOUT)
+        else:
+            self._head_done()
+            self.transport.close()
+
+    def _evict_one(self) -> bool:
+        """Close the connection that has waited longest for a head, if any."""
+        for victim in self.waiting:
+            if victim is not self:
+                metrics.CONNECTIONS_REFUSED.labels("evicted").inc()
+                victim._head_done()
+                victim.transport.close()
+                return True
+        return False
+
+    def _answer_and_close(self, answer: bytes) -> None:
+        self._head_done()
+        self.transport.write(answer)
+        self.transport.close()
+
+
+def guarded(limits: ConnectionLimits) -> Any:
+    """A protocol class for one server with these limits (uvicorn's ``http=``)."""
+    return type(
+        "GuardedHttpToolsProtocol",
+        (GuardedHttpToolsProtocol,),
+        {"limits": limits, "waiting": {}},
+    )
