@@ -23,11 +23,14 @@ from ductor_streams.http.params import parse_cursor
 from ductor_streams.http.problems import problem_response
 from ductor_streams.http.routes_streams import STREAM
 from ductor_streams.http.sse_response import DirectWriter, SseStream
-from ductor_streams.live.events import End, Expired, LiveBatch
+from ductor_streams.live.events import Draining, End, Expired, LiveBatch
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.subscription import Subscription
 
 KEEPALIVE = b": keepalive\n\n"
+# The last frame of a response ended by this server's shutdown: `retry` tells an
+# EventSource to reconnect after a second (with Last-Event-ID), the event says why.
+RECONNECT = b'event: reconnect\nretry: 1000\ndata: {"reason":"server_shutdown"}\n\n'
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -99,6 +102,8 @@ async def _events(
                 if isinstance(item, End):
                     data = msgspec.json.encode({"last_sequence": item.last_sequence})
                     yield b"event: end\ndata: " + data + b"\n\n"
+                elif isinstance(item, Draining):
+                    yield RECONNECT
                 elif isinstance(item, Expired):
                     body = problem_response(item.error, instance).content
                     yield b"event: error\ndata: " + bytes(body) + b"\n\n"

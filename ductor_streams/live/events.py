@@ -50,4 +50,10 @@ class Interrupted:
     the last record it was sent."""
 
 
-Terminal = End | Expired | Gone | Interrupted
+@dataclass(frozen=True, slots=True)
+class Draining:
+    """This server is shutting down: the response ends with a reconnect hint, and the
+    client resumes elsewhere from its Last-Event-ID."""
+
+
+Terminal = End | Expired | Gone | Interrupted | Draining

@@ -125,6 +125,11 @@ class StreamFollower:
     def add(self, subscription: Subscription) -> None:
         self._subscribers[subscription] = None
 
+    def drain(self) -> None:
+        """End every subscription of this stream for a shutdown (``Subscription.drain``)."""
+        for subscription in list(self._subscribers):
+            subscription.drain()
+
     def remove(self, subscription: Subscription) -> bool:
         """Unregister; returns True when no subscriber is left."""
         self._subscribers.pop(subscription, None)

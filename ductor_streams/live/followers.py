@@ -46,6 +46,7 @@ class Followers:
         self.settings = settings or LiveSettings()
         self._followers: dict[int, StreamFollower] = {}
         self._rewatch_task: asyncio.Task[None] | None = None
+        self.draining = False
         self.detected_by = f"live@{socket.gethostname()}:{os.getpid()}"
 
     async def subscribe(self, stream_pk: int, cursor: int) -> Subscription:
@@ -66,6 +67,8 @@ class Followers:
             page_records=self.settings.page_records,
         )
         follower.add(subscription)  # registered BEFORE the first read: nothing slips by
+        if self.draining:
+            subscription.drain()
         try:
             await subscription.prime()
         except BaseException:
@@ -121,6 +124,13 @@ class Followers:
                     report_unavailable("live", exc)
                 else:
                     log.exception("could not renew the watch of followed streams")
+
+    def drain(self) -> None:
+        """The server is shutting down: end every subscription (and any that starts
+        from now on) with ``Draining``, so each client resumes on another server."""
+        self.draining = True
+        for follower in list(self._followers.values()):
+            follower.drain()
 
     def release(self, stream_pk: int, subscription: Subscription) -> None:
         """Unregister a subscription; the last one out stops the stream's follower."""

@@ -22,7 +22,15 @@ from collections.abc import Awaitable, Callable
 
 from ductor_streams import metrics
 from ductor_streams.errors import CursorExpired, NotFound
-from ductor_streams.live.events import End, Expired, Gone, Interrupted, LiveBatch, Terminal
+from ductor_streams.live.events import (
+    Draining,
+    End,
+    Expired,
+    Gone,
+    Interrupted,
+    LiveBatch,
+    Terminal,
+)
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page
 from ductor_streams.store.outage import report_unavailable
@@ -133,6 +141,13 @@ class Subscription:
         """The follower found the stream deleted."""
         if self._terminal is None:
             self._terminal = Gone()
+        self._wake()
+
+    def drain(self) -> None:
+        """The server is shutting down: end with ``Draining`` at the next turn, before
+        anything still buffered (the client reads it again after it resumes)."""
+        if self._terminal is None:
+            self._terminal = Draining()
         self._wake()
 
     def close(self) -> None:
