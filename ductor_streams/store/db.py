@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Iterator
 from types import TracebackType
@@ -35,7 +36,29 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asy
         timeout=CONNECT_TIMEOUT_SECONDS,
     )
     assert pool is not None
+    _POOLS[:] = [p for p in _POOLS if not p.is_closing()]
+    _POOLS.append(pool)
     return pool
+
+
+# The pools of this process that are not closed (see _replace_pooled_connections).
+_POOLS: list[asyncpg.Pool] = []
+_EXPIRING: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
+
+
+def _replace_pooled_connections() -> None:
+    # After a failover, connections a pool opened to the old primary may still be alive
+    # on what is now a standby: every write on them fails with 25006 for as long as they
+    # live, and under load none is idle long enough to be closed. So every pool replaces
+    # its connections at their next acquire; new ones follow the DSN to the new primary.
+    try:
+        loop = asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    for pool in _POOLS:
+        task = loop.create_task(pool.expire_connections())
+        _EXPIRING.add(task)
+        task.add_done_callback(_EXPIRING.discard)
 
 
 # Errors in which Postgres says it cannot serve now, whatever the statement: shutting
@@ -89,9 +112,12 @@ def translate_db_error(exc: BaseException) -> BaseException:
 
     This is the one place where asyncpg errors become domain errors (an unavailable
     database becomes ``DatabaseUnavailable``, see ``database_unavailable``); the
-    original stays attached as ``__cause__``.
+    original stays attached as ``__cause__``. A read-only standby (25006) also makes
+    the process's pools replace their connections (``_replace_pooled_connections``).
     """
     domain: StreamsError | None = None
+    if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
+        _replace_pooled_connections()
     if database_unavailable(exc):
         domain = DatabaseUnavailable("the database is unavailable; retry after Retry-After")
     elif isinstance(

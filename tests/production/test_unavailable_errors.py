@@ -5,6 +5,7 @@ what the HTTP boundary answers for them: 503 ``database_unavailable`` with
 from __future__ import annotations
 
 import logging
+import secrets
 
 import asyncpg
 import msgspec
@@ -13,7 +14,8 @@ import pytest
 from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsError
 from ductor_streams.http.problems import error_for, problem_parts
 from ductor_streams.store import outage
-from ductor_streams.store.db import database_unavailable, translate_db_error
+from ductor_streams.store.db import create_pool, database_unavailable, translate_db_error
+from tests.support.live import eventually
 from tests.support.server import free_port
 
 E = asyncpg.exceptions
@@ -112,3 +114,25 @@ def test_the_throttle_counts_what_it_held_back() -> None:
     assert [throttle.take() for _ in range(3)] == [None, None, None]
     throttle._next = 0.0  # the interval has passed
     assert throttle.take() == 3
+
+
+async def test_a_read_only_standby_makes_the_pools_reconnect(database_url: str) -> None:
+    # A pooled connection stuck on a read-only server (the old primary, now a standby):
+    # the pool's reset keeps session settings, so this one stays read-only, as such a
+    # connection would, until the pool replaces it.
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    table = f"ro_probe_{secrets.token_hex(4)}"
+    try:
+        await pool.execute("SET default_transaction_read_only = on")
+        with pytest.raises(E.ReadOnlySQLTransactionError) as caught:
+            await pool.execute(f"CREATE TABLE {table} (x int)")
+        assert isinstance(translate_db_error(caught.value), DatabaseUnavailable)
+
+        async def writable() -> bool:
+            return not await pool.fetchval("SELECT current_setting('transaction_read_only')::bool")
+
+        await eventually(writable, timeout=10, what="a fresh connection")
+        await pool.execute(f"CREATE TABLE {table} (x int)")
+    finally:
+        await pool.execute(f"DROP TABLE IF EXISTS {table}")
+        await pool.close()
