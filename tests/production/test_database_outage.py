@@ -176,6 +176,7 @@ async def test_an_outage_answers_503_and_loses_nothing(world: World) -> None:
     acked: dict[tuple[int, int], tuple[int, int]] = {}  # (worker, n) -> (stream, sequence)
     refused: set[tuple[int, int]] = set()  # answered 503: stored at most once
     client_appends: list[tuple[int, int, int]] = []  # (worker, n, sequence)
+    client_spans: list[tuple[float, float]] = []  # when each client append began, ended
     received: list[int] = []
     readyz: list[tuple[float, int]] = []
     healthz: Counter[int] = Counter()
@@ -234,8 +235,10 @@ async def test_an_outage_answers_503_and_loses_nothing(world: World) -> None:
 
     def client_appender(worker: int) -> Callable[[int], Awaitable[None]]:
         async def body(n: int) -> None:
+            began = time.monotonic()
             result = await client.append(RUN, f"client{worker}", [{"c": worker, "n": n}])
             client_appends.append((worker, n, result.first_sequence))
+            client_spans.append((began, time.monotonic()))
             tally.ok_after["client-append"] = time.monotonic()
 
         return body
@@ -324,6 +327,7 @@ async def test_an_outage_answers_503_and_loses_nothing(world: World) -> None:
     try:
         await eventually(lambda: all_ok_since(0.0), timeout=60, what="load before the outage")
         await eventually(lambda: len(received) > 0, timeout=30, what="the subscriber")
+        await eventually(lambda: len(acked) >= 50, timeout=60, what="50 appends before")
 
         # The outage: a crash of Postgres, down for OUTAGE_SECONDS (the scenario's
         # length, not a wait for a result), then a start with crash recovery.
@@ -344,6 +348,8 @@ async def test_an_outage_answers_503_and_loses_nothing(world: World) -> None:
         )
         ready_after = min(t for t, s in readyz if t > up_at and s == 200) - up_at
         await eventually(lambda: all_ok_since(up_at), timeout=30, what="every route again")
+        after = len(acked) + 50
+        await eventually(lambda: len(acked) >= after, timeout=60, what="50 appends after")
 
         # Records another server appends now reach A's subscriber only through A's
         # LISTEN connection, which must have reconnected (A's followers do not poll).
@@ -410,6 +416,8 @@ async def test_an_outage_answers_503_and_loses_nothing(world: World) -> None:
     assert five.get(503, 0) > 0  # the outage was met, not missed
     assert not tally.transport_errors  # the servers stayed up and answered everything
     assert ready_after < 10
+    # The client's appends made while Postgres was down succeeded once it was back.
+    assert any(down_at < began < up_at < ended for began, ended in client_spans)
     assert set(healthz) == {200}
     assert world.a.process is not None and world.a.process.poll() is None
     assert world.b.process is not None and world.b.process.poll() is None
