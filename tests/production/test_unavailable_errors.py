@@ -136,3 +136,14 @@ async def test_a_read_only_standby_makes_the_pools_reconnect(database_url: str) 
     finally:
         await pool.execute(f"DROP TABLE IF EXISTS {table}")
         await pool.close()
+
+
+async def test_a_pool_acquire_timeout_is_unavailability(database_url: str) -> None:
+    pool = await create_pool(database_url, min_size=1, max_size=1)
+    try:
+        async with pool.acquire():
+            with pytest.raises(TimeoutError) as caught:
+                await pool.acquire(timeout=0.01)  # every connection busy
+        assert database_unavailable(caught.value)
+    finally:
+        await pool.close()
