@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import random
 import time
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
@@ -29,6 +30,10 @@ FIRST_BACKOFF = 0.1
 MAX_BACKOFF = 5.0
 # A Retry-After is stretched by up to this fraction, for the same reason.
 RETRY_AFTER_JITTER = 0.2
+
+# Gives a bearer token: called when the client starts, and again when the server says
+# the token has expired (401, or an SSE stream ending with reason token_expired).
+TokenProvider = Callable[[], str | Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,12 +84,17 @@ class StreamsClient:
     budget); then the last error is raised. Appends are also retried on 429
     ``credit_exhausted`` (raising ``CreditExhaustedError`` at the end), always with the
     same ``Idempotency-Key``, so a retried append is stored once.
+
+    ``token`` is a bearer token, or a ``TokenProvider`` (a function, sync or async, that
+    returns one). With a provider, a call answered 401 asks it for a fresh token and
+    tries once more, and a subscription whose token expires reconnects with a fresh
+    one; a plain token that expires ends calls with ``UnauthenticatedError``.
     """
 
     def __init__(
         self,
         base_url: str,
-        token: str,
+        token: str | TokenProvider,
         *,
         http: httpx.AsyncClient | None = None,
         retry_budget: float = 30.0,
@@ -94,7 +104,8 @@ class StreamsClient:
         self._owns_http = http is None
         self.http = http or httpx.AsyncClient(base_url=base_url, timeout=timeout)
         self.base_url = base_url.rstrip("/")
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._provider: TokenProvider | None = None if isinstance(token, str) else token
+        self._headers = {"Authorization": f"Bearer {token}"} if isinstance(token, str) else {}
         self.retry_budget = retry_budget
         self.max_attempts = max_attempts
 
@@ -244,6 +255,16 @@ class StreamsClient:
     def auth_headers(self) -> dict[str, str]:
         return dict(self._headers)
 
+    async def refresh_token(self) -> bool:
+        """Ask the token provider for a fresh token; False when there is none."""
+        if self._provider is None:
+            return False
+        token = self._provider()
+        if inspect.isawaitable(token):
+            token = await token
+        self._headers = {"Authorization": f"Bearer {token}"}
+        return True
+
     async def _call(
         self,
         method: str,
@@ -260,6 +281,9 @@ class StreamsClient:
         deadline = time.monotonic() + budget
         backoff = FIRST_BACKOFF
         attempt = 0
+        refreshed = False
+        if not self._headers:
+            await self.refresh_token()
         while True:
             attempt += 1
             error: BaseException
@@ -273,6 +297,9 @@ class StreamsClient:
             else:
                 if response.status_code < 400:
                     return response
+                if response.status_code == 401 and not refreshed and await self.refresh_token():
+                    refreshed = True  # the token may have expired: once with a fresh one
+                    continue
                 error = _problem(response)
                 retryable = response.status_code in RETRYABLE_STATUSES or (
                     retry_credit and response.status_code == 429

@@ -42,6 +42,9 @@ async def follow(
     retry_after: float | None = None  # the last refusal's Retry-After
     down_since: float | None = None
     timeout = httpx.Timeout(10.0, read=idle_timeout)
+    refreshed = False
+    if not client.auth_headers:
+        await client.refresh_token()
     while True:
         try:
             headers = {**client.auth_headers, "Last-Event-ID": str(last)}
@@ -56,6 +59,13 @@ async def follow(
                     except ValueError:
                         problem = {"code": "http_error", "detail": response.text[:200]}
                     error = error_from(response.status_code, problem)
+                    if (
+                        response.status_code == 401
+                        and not refreshed
+                        and await client.refresh_token()
+                    ):
+                        refreshed = True  # once with a fresh token, then the 401 stands
+                        continue
                     # Trying again later can succeed (502, 503, 504); any other problem
                     # is final.
                     if response.status_code in RETRYABLE_STATUSES:
@@ -63,7 +73,8 @@ async def follow(
                         retry_after = float(raw) if raw.isdigit() else None
                         raise _Dropped() from error
                     raise error
-                down_since, delay = None, FIRST_BACKOFF
+                down_since, delay, refreshed = None, FIRST_BACKOFF, False
+                token_expired = False
                 async for event in source.aiter_sse():
                     if event.event == "record":
                         record = Record.from_json(json.loads(event.data))
@@ -75,6 +86,11 @@ async def follow(
                         return
                     elif event.event == "error":
                         raise error_from(410, json.loads(event.data))
+                    elif event.event == "reconnect":
+                        token_expired = json.loads(event.data).get("reason") == "token_expired"
+                if token_expired and await client.refresh_token():
+                    refreshed = True
+                    continue  # at once, with the fresh token, from the last record
                 raise _Dropped()
         except (httpx.TransportError, _Dropped) as exc:
             now = time.monotonic()

@@ -4,14 +4,20 @@ Cursor problems (400/410) are ordinary problem responses because the subscriptio
 first read happens before the response starts. Then: ``record`` events (``id`` = the
 sequence), ``: keepalive`` comments while idle, and ``end`` after close or ``error``
 (the 410 body) when retention overtakes the subscriber, after which the response ends.
+The response also ends with ``event: reconnect`` when the server shuts down
+(``"reason":"server_shutdown"``, with ``retry: 1000``) and when the caller's token
+expires (``"reason":"token_expired"``): a stream never outlives the token that opened it.
 """
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from functools import partial
 from typing import Any
 
+import jwt
 import msgspec
 from litestar import Litestar, Request, get
 
@@ -23,7 +29,7 @@ from ductor_streams.http.params import parse_cursor
 from ductor_streams.http.problems import problem_response
 from ductor_streams.http.routes_streams import STREAM
 from ductor_streams.http.sse_response import DirectWriter, SseStream
-from ductor_streams.live.events import Draining, End, Expired, LiveBatch
+from ductor_streams.live.events import Draining, End, Expired, LiveBatch, TokenExpired
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.subscription import Subscription
 
@@ -31,6 +37,9 @@ KEEPALIVE = b": keepalive\n\n"
 # The last frame of a response ended by this server's shutdown: `retry` tells an
 # EventSource to reconnect after a second (with Last-Event-ID), the event says why.
 RECONNECT = b'event: reconnect\nretry: 1000\ndata: {"reason":"server_shutdown"}\n\n'
+# The last frame of a response whose bearer token expired: the client reconnects with a
+# fresh token (an EventSource's own reconnect with the old one gets 401).
+TOKEN_EXPIRED = b'event: reconnect\ndata: {"reason":"token_expired"}\n\n'
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -72,6 +81,7 @@ async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
         redaction,
         writer,
         instance=request.scope.get("path"),
+        token_expires_at=_token_expiry(request),
     )
     return SseStream(events, media_type="text/event-stream", headers=SSE_HEADERS, writer=writer)
 
@@ -84,11 +94,18 @@ async def _events(
     writer: DirectWriter,
     *,
     instance: str | None,
+    token_expires_at: float | None,
 ) -> AsyncIterator[bytes]:
     keepalive = followers.settings.keepalive_seconds
     memo_key = tuple(redaction)
     metrics.SUBSCRIBERS.inc()
     subscription.attach_sink(writer)
+    expiry: asyncio.TimerHandle | None = None
+    if token_expires_at is not None:
+        # A plain read with this token gets 401 from its exp on: so does the stream.
+        loop = asyncio.get_running_loop()
+        delay = max(0.0, token_expires_at - time.time())
+        expiry = loop.call_at(loop.time() + delay, subscription.token_expired)
     try:
         while True:
             item = await subscription.next(keepalive)
@@ -104,15 +121,29 @@ async def _events(
                     yield b"event: end\ndata: " + data + b"\n\n"
                 elif isinstance(item, Draining):
                     yield RECONNECT
+                elif isinstance(item, TokenExpired):
+                    yield TOKEN_EXPIRED
                 elif isinstance(item, Expired):
                     body = problem_response(item.error, instance).content
                     yield b"event: error\ndata: " + bytes(body) + b"\n\n"
                 return
     finally:
         # Runs on normal end and when the client goes away (the generator is cancelled).
+        if expiry is not None:
+            expiry.cancel()
         metrics.SUBSCRIBERS.dec()
         writer.cancel()
         followers.release(stream_pk, subscription)
+
+
+def _token_expiry(request: Request[Any, Any, Any]) -> float | None:
+    """The ``exp`` of the request's bearer token (the guard has verified it)."""
+    _scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    try:
+        exp = jwt.decode(token.strip(), options={"verify_signature": False}).get("exp")
+    except jwt.PyJWTError:
+        return None
+    return float(exp) if isinstance(exp, int | float) and not isinstance(exp, bool) else None
 
 
 def _record_frames(batch: LiveBatch, redaction: list[str], memo_key: tuple[str, ...]) -> bytes:

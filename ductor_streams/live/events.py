@@ -56,4 +56,10 @@ class Draining:
     client resumes elsewhere from its Last-Event-ID."""
 
 
-Terminal = End | Expired | Gone | Interrupted | Draining
+@dataclass(frozen=True, slots=True)
+class TokenExpired:
+    """The subscriber's bearer token has expired: the response ends, and the client
+    reconnects with a fresh token from its Last-Event-ID."""
+
+
+Terminal = End | Expired | Gone | Interrupted | Draining | TokenExpired

@@ -30,6 +30,7 @@ from ductor_streams.live.events import (
     Interrupted,
     LiveBatch,
     Terminal,
+    TokenExpired,
 )
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page
@@ -148,6 +149,12 @@ class Subscription:
         anything still buffered (the client reads it again after it resumes)."""
         if self._terminal is None:
             self._terminal = Draining()
+        self._wake()
+
+    def token_expired(self) -> None:
+        """The subscriber's token has expired: end with ``TokenExpired`` at once."""
+        if self._terminal is None:
+            self._terminal = TokenExpired()
         self._wake()
 
     def close(self) -> None:
