@@ -10,16 +10,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
 
 from ductor_streams import metrics
-from ductor_streams.config import ConfigError, Settings
+from ductor_streams.config import Settings
 from ductor_streams.maintenance.deletions import DeletionReport, run_deletions
 from ductor_streams.maintenance.retention import RetentionReport, prune_all
 from ductor_streams.maintenance.sweep import (
@@ -40,35 +39,14 @@ UNAVAILABLE_FIRST_RETRY_SECONDS = 1.0
 
 @dataclass(frozen=True)
 class UpkeepConfig:
-    """How often upkeep runs. Environment overrides (seconds):
-    ``DUCTOR_STREAMS_MAINTENANCE_INTERVAL`` (default 30),
-    ``DUCTOR_STREAMS_ORPHAN_SWEEP_INTERVAL`` (default 600: listing a bucket costs more),
-    ``DUCTOR_STREAMS_ORPHAN_GRACE`` (default 3600: older than any upload in flight)."""
+    """How often upkeep runs, in seconds (``Settings.upkeep`` builds it from
+    ``DUCTOR_STREAMS_MAINTENANCE_INTERVAL``, ``_ORPHAN_SWEEP_INTERVAL`` and
+    ``_ORPHAN_GRACE``). The orphan sweep runs less often because listing a bucket costs
+    more; the grace is longer than any upload in flight."""
 
     interval_seconds: float = 30.0
     orphan_interval_seconds: float = 600.0
     orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE_SECONDS
-
-    @classmethod
-    def from_env(cls, env: Mapping[str, str] | None = None) -> UpkeepConfig:
-        env = os.environ if env is None else env
-        values: dict[str, float] = {}
-        for name, attr in (
-            ("DUCTOR_STREAMS_MAINTENANCE_INTERVAL", "interval_seconds"),
-            ("DUCTOR_STREAMS_ORPHAN_SWEEP_INTERVAL", "orphan_interval_seconds"),
-            ("DUCTOR_STREAMS_ORPHAN_GRACE", "orphan_grace_seconds"),
-        ):
-            raw = env.get(name, "").strip()
-            if not raw:
-                continue
-            try:
-                value = float(raw)
-            except ValueError:
-                raise ConfigError(f"{name} must be a number of seconds") from None
-            if value < 0 or (attr == "interval_seconds" and value <= 0):
-                raise ConfigError(f"{name} must be a positive number of seconds")
-            values[attr] = value
-        return cls(**values)
 
 
 @dataclass
@@ -134,12 +112,14 @@ async def run_pass(
 def maintenance_worker(settings: Settings) -> Any:
     """A worker factory for ``workers.worker_services``: given the app-like holder
     (``.state.store``), runs a pass every ``interval_seconds`` until stopped."""
-    config = UpkeepConfig.from_env()
+    config = settings.upkeep
 
     @contextlib.asynccontextmanager
     async def run(app: Any) -> AsyncIterator[None]:
         pool: asyncpg.Pool = app.state.store.pool
-        stores = BlobStores(settings.object_stores)
+        stores = BlobStores(
+            settings.object_stores, credentials_file=settings.google_application_credentials
+        )
         task = asyncio.get_running_loop().create_task(_loop(pool, stores, config))
         try:
             yield
