@@ -1,6 +1,6 @@
 """Stream definitions: the immutable pins of a stream, with every default filled in.
 
-Defaults (documented in docs/definitions.md):
+Defaults and bounds (documented in docs/decisions.md, "Definitions"):
 content_class ``json``; schema ``null``; consumers ``[]`` (input streams always get
 ``workflow``); credit 1,000 unread items / 16 MiB unread bytes, no total ceilings,
 ``reject`` when unread credit is exhausted, ``block_timeout_ms`` 0; retention keeps
@@ -20,6 +20,9 @@ from ductor_streams.errors import ContentClassForbidden, InvalidDefinition, Plac
 STREAM_ID_PATTERN = r"^[a-z0-9][a-z0-9._-]{0,127}$"
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~:@-]{0,199}$"
 CONSUMER_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._~:@-]{0,127}$"
+# Check IDs with ``fullmatch``, never ``match``: in Python ``$`` also matches before a
+# final newline, so ``match`` would take "run-1\n" for "run-1". (The patterns keep ``$``
+# for the OpenAPI document and pydantic, whose regex engines have no such exception.)
 STREAM_ID_RE = re.compile(STREAM_ID_PATTERN)
 RUN_ID_RE = re.compile(RUN_ID_PATTERN)
 CONSUMER_ID_RE = re.compile(CONSUMER_ID_PATTERN)
@@ -32,7 +35,19 @@ ConsumerId = Annotated[str, StringConstraints(pattern=CONSUMER_ID_PATTERN)]
 Region = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 Principal = Annotated[str, StringConstraints(min_length=1, max_length=255)]
 JsonPointer = Annotated[str, StringConstraints(pattern=r"^(/([^~]|~[01])*)*$", max_length=1024)]
-Ceiling = Annotated[int, Field(ge=0)]
+
+# Upper bounds of the numbers of a definition (docs/decisions.md, "Definitions"). Every
+# value must fit where the store computes with it: counts and bytes in bigint arithmetic
+# (sums with sequences and totals), ages in Postgres date arithmetic (``now() - age``
+# must stay a timestamp). 2**53 is also the largest integer a JSON client in JavaScript
+# reads exactly. The SQL that reads stored definitions clamps to the same bounds
+# (``workflow_streams.clamped_count``, migration 0015; ``stream_prune``), so a stream
+# created before the bounds existed keeps working.
+MAX_COUNT = 2**53
+MAX_AGE_SECONDS = 100 * 365 * 24 * 3600  # 100 years: 3,153,600,000
+MAX_BLOCK_TIMEOUT_MS = 300_000  # 5 minutes: an append request waits no longer
+
+Ceiling = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
 
 class _Pins(BaseModel):
@@ -45,12 +60,12 @@ class Credit(_Pins):
     max_total_items: Ceiling | None = None
     max_total_bytes: Ceiling | None = None
     on_unread_full: Literal["reject", "block"] = "reject"
-    block_timeout_ms: Annotated[int, Field(ge=0, le=300_000)] = 0
+    block_timeout_ms: Annotated[int, Field(ge=0, le=MAX_BLOCK_TIMEOUT_MS)] = 0
 
 
 class Retention(_Pins):
-    max_age_seconds: Annotated[int, Field(ge=1)] | None = None
-    max_records: Annotated[int, Field(ge=1)] | None = None
+    max_age_seconds: Annotated[int, Field(ge=1, le=MAX_AGE_SECONDS)] | None = None
+    max_records: Annotated[int, Field(ge=1, le=MAX_COUNT)] | None = None
 
 
 class Redaction(_Pins):
@@ -170,6 +185,34 @@ def _holds_nul(value: Any) -> bool:
     return False
 
 
+# Where each bounded number sits in a stored definition, and its largest value.
+_BOUNDS: tuple[tuple[str, str, int], ...] = (
+    ("credit", "max_unread_items", MAX_COUNT),
+    ("credit", "max_unread_bytes", MAX_COUNT),
+    ("credit", "max_total_items", MAX_COUNT),
+    ("credit", "max_total_bytes", MAX_COUNT),
+    ("credit", "block_timeout_ms", MAX_BLOCK_TIMEOUT_MS),
+    ("retention", "max_age_seconds", MAX_AGE_SECONDS),
+    ("retention", "max_records", MAX_COUNT),
+)
+
+
 def definition_from_json(data: dict[str, Any]) -> StreamDefinition:
-    """Rebuild a stored definition (already validated when it was created)."""
-    return StreamDefinition.model_validate(data, strict=False)
+    """Rebuild a stored definition (already validated when it was created).
+
+    A stream created before the bounds existed may hold a larger number: it is read as
+    the bound, as the SQL that enforces it reads it, rather than failing every request
+    that looks the stream up."""
+    return StreamDefinition.model_validate(_clamped(data), strict=False)
+
+
+def _clamped(data: dict[str, Any]) -> dict[str, Any]:
+    clamped: dict[str, Any] | None = None
+    for section, name, bound in _BOUNDS:
+        part = data.get(section)
+        value = part.get(name) if isinstance(part, dict) else None
+        if isinstance(value, int) and not isinstance(value, bool) and value > bound:
+            if clamped is None:
+                clamped = {**data}
+            clamped[section] = {**clamped[section], name: bound}
+    return data if clamped is None else clamped

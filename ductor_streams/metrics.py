@@ -17,6 +17,8 @@ Call sites, by metric:
 - ``SUBSCRIBERS``: the SSE handler (inc on start, dec in ``finally``).
 - ``GAP_REPAIRS``/``GAP_REPAIRED_RECORDS``: where live delivery records gap evidence.
 - ``PRUNED_RECORDS``, ``OBJECT_DELETIONS``, ``EXPIRED_INTENTS``: maintenance.
+- ``UPKEEP_ERRORS``: maintenance, once per item of a pass that failed and was stepped
+  over (``maintenance/isolation.py``).
 - ``DELIVERY_RETRIES``: operator retries (``ops.retry_delivery``).
 """
 
@@ -56,6 +58,8 @@ __all__ = [
     "PRUNED_RECORDS",
     "REGISTRY",
     "SUBSCRIBERS",
+    "UPKEEP_ERRORS",
+    "UPKEEP_STEPS",
     "count_append",
     "refresh_from_database",
     "render",
@@ -158,6 +162,15 @@ CONNECTIONS_REFUSED = Counter(
     ["reason"],
     registry=REGISTRY,
 )
+UPKEEP_ERRORS = Counter(
+    "ductor_streams_upkeep_errors",
+    "Upkeep items that failed and were stepped over (the pass went on with the rest), by "
+    "step: retention (one stream), expiry (one batch of intents), orphan_sweep (one "
+    "region), deletion (one queued deletion).",
+    ["step"],
+    registry=REGISTRY,
+)
+UPKEEP_STEPS = ("retention", "expiry", "orphan_sweep", "deletion")
 
 # Every known label value from the start, so a dashboard sees 0 rather than no series.
 for _direction in ("input", "output"):
@@ -171,6 +184,8 @@ for _outcome in ("delivered", "retrying", "dead"):
     DELIVERY_ATTEMPTS.labels(_outcome)
 for _outcome in ("done", "failed"):
     OBJECT_DELETIONS.labels(_outcome)
+for _step in UPKEEP_STEPS:
+    UPKEEP_ERRORS.labels(_step)
 
 
 # The append counters' children, bound once: ``labels()`` (a lock and a dict lookup

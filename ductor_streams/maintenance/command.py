@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 
 from ductor_streams.config import Settings
+from ductor_streams.logs import configure_logging
 from ductor_streams.maintenance.upkeep import PassReport, UpkeepConfig, run_pass
 from ductor_streams.objects.stores import BlobStores
 from ductor_streams.store.db import create_pool
@@ -27,8 +28,11 @@ async def _prune(settings: Settings, config: UpkeepConfig) -> PassReport:
 
 
 def prune_once(settings: Settings) -> int:
-    """Run retention, expiry, the orphan sweep and due deletions once; print a summary."""
+    """Run retention, expiry, the orphan sweep and due deletions once; print a summary
+    (stdout). Warnings, e.g. a stream that could not be pruned, are JSON lines on stderr,
+    as in ``serve`` and ``workers``."""
     settings.require_database()
+    configure_logging(settings.log_level_number)
     config = settings.upkeep
     report = asyncio.run(_prune(settings, config))
     for line in report.lines():

@@ -5,7 +5,9 @@ orphan sweep (``orphan``). A worker claims due rows with ``FOR UPDATE SKIP LOCKE
 claim pushes ``next_attempt_at`` ahead (a lease), so a worker that dies mid-way leaves
 the row due again later, never lost. Success marks it ``done``; failure keeps it
 ``pending`` with the error and an exponential backoff. Rows of a stream under legal
-hold are not claimed until the hold is lifted.
+hold are not claimed until the hold is lifted. A deletion whose bookkeeping fails is
+logged, counted and stepped over (maintenance/isolation.py): its lease expires and a
+later pass claims it again, and this pass goes on with the others.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from ductor_streams.maintenance.isolation import isolated
 from ductor_streams.objects.stores import BlobStores
 from ductor_streams.schema import QUERIES
 
@@ -66,14 +69,16 @@ async def run_deletions(
     for _ in range(max_batches):
         rows = await pool.fetch(QUERIES["deletions_claim"], batch, regions, LEASE_SECONDS)
         for row in rows:
-            ok = await _attempt(
-                pool,
-                stores,
-                row["deletion_id"],
-                row["region"],
-                row["storage_key"],
-                row["attempts"],
-            )
+            ok = False
+            with isolated("deletion", deletion_id=row["deletion_id"]):
+                ok = await _attempt(
+                    pool,
+                    stores,
+                    row["deletion_id"],
+                    row["region"],
+                    row["storage_key"],
+                    row["attempts"],
+                )
             if ok:
                 report.deleted += 1
             else:

@@ -3,7 +3,9 @@ removes records older than S seconds. Pruning moves ``earliest_sequence`` (reads
 answer 410) and ``pruned_bytes``, and queues the bytes of pruned objects for deletion.
 
 Each step is one statement under the stream's row lock that re-checks legal hold there,
-so a stream under hold loses nothing, however the hold and a pass race.
+so a stream under hold loses nothing, however the hold and a pass race. A stream that
+fails to prune is logged, counted and stepped over (maintenance/isolation.py): the pass
+goes on with the next one.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from ductor_streams.maintenance.isolation import isolated
 from ductor_streams.schema import QUERIES
 
 # Records removed per statement: keeps each hold of the stream's row lock short.
@@ -45,7 +48,9 @@ async def prune_all(pool: asyncpg.Pool, *, page: int = 500) -> RetentionReport:
     while True:
         rows = await pool.fetch(QUERIES["streams_with_retention"], after, page)
         for row in rows:
-            records, objects = await prune_stream(pool, row["stream_pk"])
+            records = objects = 0
+            with isolated("retention", stream_pk=row["stream_pk"]):
+                records, objects = await prune_stream(pool, row["stream_pk"])
             if records:
                 report.streams += 1
                 report.records += records

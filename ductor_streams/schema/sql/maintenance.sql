@@ -20,10 +20,15 @@ SELECT stream_pk
 -- max_records or max_age_seconds no longer keep (at most $2 of them), queues the bytes
 -- of their objects for deletion, and moves earliest_sequence and pruned_bytes (the
 -- cumulative bytes of the last pruned record). No row: missing or under legal hold.
+-- The limits are read within the definition bounds (docs/decisions.md): a stream created
+-- before them may hold e.g. max_records 2^70 or max_age_seconds 10^18, which neither
+-- bigint nor now() - interval can take; such a value keeps as much as the bound does.
 WITH s AS MATERIALIZED (
     SELECT st.stream_pk, st.earliest_sequence, st.latest_sequence,
-           (st.definition -> 'retention' ->> 'max_records')::bigint AS max_records,
-           (st.definition -> 'retention' ->> 'max_age_seconds')::bigint AS max_age
+           workflow_streams.clamped_count(st.definition -> 'retention' ->> 'max_records')
+               AS max_records,
+           LEAST((st.definition -> 'retention' ->> 'max_age_seconds')::numeric,
+                 3153600000)::bigint AS max_age
       FROM workflow_streams.streams st
      WHERE st.stream_pk = $1 AND NOT st.legal_hold
        FOR UPDATE
