@@ -119,7 +119,10 @@ def translate_db_error(exc: BaseException) -> BaseException:
     if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
         _replace_pooled_connections()
     if database_unavailable(exc):
-        domain = DatabaseUnavailable("the database is unavailable; retry after Retry-After")
+        domain = DatabaseUnavailable(
+            "the database is restarting, failing over or unreachable; retry after the "
+            "Retry-After seconds"
+        )
     elif isinstance(
         exc,
         asyncpg.exceptions.UntranslatableCharacterError
