@@ -12,6 +12,10 @@ from ductor_streams.errors import Unauthenticated
 
 ALGORITHM = "HS256"
 MAX_TOKEN_LENGTH = 8192
+# The latest time a token's ``exp``, ``nbf`` or ``iat`` may name: 9999-12-31T23:59:59Z,
+# the last second that dates and float seconds still represent exactly.
+MAX_NUMERIC_DATE = 253_402_300_799
+_TIME_CLAIMS = ("exp", "nbf", "iat")
 SCOPES = (
     "streams:read",
     "streams:write",
@@ -77,9 +81,25 @@ def _clean(text: str) -> bool:
     return "\x00" not in text
 
 
+def _check_times(claims: dict[str, Any]) -> None:
+    # PyJWT compares int(claim) with the clock: it takes "99999999999" (a string) and
+    # true, and an ``exp`` of 10**400 passed it only to overflow float() later (a 500).
+    # RFC 7519 NumericDate is a JSON number: refuse anything else, and any time outside
+    # 0 .. MAX_NUMERIC_DATE.
+    for name in _TIME_CLAIMS:
+        if name not in claims:
+            continue
+        value = claims[name]
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise Unauthenticated(f"the token's {name!r} claim must be a number")
+        if not 0 <= value <= MAX_NUMERIC_DATE:  # also false for NaN
+            raise Unauthenticated(f"the token's {name!r} claim is out of range")
+
+
 def verify_token(secret: str, token: str) -> Principal:
-    """Check signature (HS256 only: no ``none``, no algorithm confusion), expiry and
-    claim types. Any failure is Unauthenticated."""
+    """Check signature (HS256 only: no ``none``, no algorithm confusion), expiry, the
+    time claims (``exp``, ``nbf``, ``iat``: numbers within range) and claim types. Any
+    failure is Unauthenticated."""
     if not token or len(token) > MAX_TOKEN_LENGTH:
         raise Unauthenticated("missing or oversized bearer token")
     try:
@@ -94,6 +114,7 @@ def verify_token(secret: str, token: str) -> Principal:
         raise Unauthenticated("the bearer token has expired") from None
     except jwt.PyJWTError:
         raise Unauthenticated("the bearer token is invalid") from None
+    _check_times(claims)
     sub, tenant, region = claims.get("sub"), claims.get("tenant"), claims.get("region")
     if not (isinstance(sub, str) and sub and _clean(sub)) or not (
         isinstance(tenant, str) and tenant and _clean(tenant)

@@ -74,7 +74,7 @@ def authenticate(
     if scheme.lower() != "bearer" or not token.strip():
         raise Unauthenticated("a bearer token is required")
     principal = VERIFIED_TOKENS.principal(secret, token.strip())
-    if run_id is not None and (not RUN_ID_RE.match(run_id) or not principal.sees_run(run_id)):
+    if run_id is not None and (not RUN_ID_RE.fullmatch(run_id) or not principal.sees_run(run_id)):
         raise NotFound(f"run {run_id!r} does not exist")
     if scope is None or not principal.has(scope):
         raise Forbidden(f"the token lacks the scope {scope!r}")
@@ -108,7 +108,7 @@ async def resolve_stream(
 ) -> StreamRef:
     """The stream ``run_id``/``stream_id`` of the principal's tenant, if the principal may
     use it as ``access``: NotFound for an unknown one, Forbidden outside its lists."""
-    if not STREAM_ID_RE.match(stream_id):
+    if not STREAM_ID_RE.fullmatch(stream_id):
         raise NotFound(f"stream {stream_id!r} does not exist")
     ref = await store.get_stream(StreamKey(principal.tenant, run_id, stream_id))
     definition = ref.definition

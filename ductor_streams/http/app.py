@@ -22,7 +22,8 @@ from ductor_streams.http import (
     routes_subscribe,
 )
 from ductor_streams.http.access import authorize
-from ductor_streams.http.openapi import ContractJsonRenderPlugin
+from ductor_streams.http.headers import is_api_path, secure_send
+from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.problems import handle_exception
 from ductor_streams.http.records_front import answer_records, records_route
 from ductor_streams.http.routes_streams import API_MOUNT
@@ -86,6 +87,7 @@ def create_app(
             version="0.1.0",
             path="/schema",
             render_plugins=[ContractJsonRenderPlugin()],
+            openapi_router=SchemaRouter("/schema"),
             components=Components(
                 security_schemes={"bearer": SecurityScheme(type="http", scheme="bearer")}
             ),
@@ -108,6 +110,13 @@ class StreamsApp(Litestar):
             if route is not None:
                 await answer_records(self.state, scope, receive, send, route)
                 return
+        await self.without_front(scope, receive, send)
+
+    async def without_front(self, scope: Any, receive: Any, send: Any) -> None:
+        """Litestar's answer, with the headers every response carries (http/headers.py;
+        the records front's answers carry them too)."""
+        if scope["type"] == "http":
+            send = secure_send(send, api=is_api_path(scope["path"]))
         await super().__call__(scope, receive, send)
 
     def begin_shutdown(self) -> None:

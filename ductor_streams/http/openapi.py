@@ -16,8 +16,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
-from litestar import Request
+from litestar import Request, Router, get
 from litestar.openapi.plugins import JsonRenderPlugin
+from litestar.routes import BaseRoute
 
 from ductor_streams.definitions import (
     CONSUMER_ID_PATTERN,
@@ -26,6 +27,7 @@ from ductor_streams.definitions import (
     STREAM_ID_PATTERN,
     StreamDefinition,
 )
+from ductor_streams.errors import NotFound
 from ductor_streams.http.params import MAX_LIMIT
 from ductor_streams.http.routes_consumers import AckBody
 from ductor_streams.http.routes_objects import PrepareBody
@@ -346,3 +348,26 @@ class ContractJsonRenderPlugin(JsonRenderPlugin):
 
     def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
         return super().render(request, complete_openapi(openapi_schema))
+
+
+@get("/{path:str}", include_in_schema=False, sync_to_thread=False)
+def _unknown_schema_path() -> None:
+    """Any other path under ``/schema``: a ``not_found`` problem, as every unknown route."""
+    raise NotFound("no such resource")
+
+
+class SchemaRouter(Router):
+    """The router of ``/schema`` (``OpenAPIConfig.openapi_router``).
+
+    Litestar registers on it the document's handler and one for every other schema path
+    that answers an HTML "404 Not found" page (where its documentation UIs would be:
+    ``/schema/swagger``, ``/schema/redoc``, ...). Here that handler is replaced, so that
+    an unknown schema path answers like every unknown route: a ``not_found`` problem."""
+
+    def __init__(self, path: str) -> None:
+        super().__init__(path, route_handlers=[], include_in_schema=False)
+
+    def register(self, value: Any) -> list[BaseRoute]:
+        if getattr(value, "handler_name", None) == "handle_schema_path_not_found":
+            value = _unknown_schema_path
+        return super().register(value)

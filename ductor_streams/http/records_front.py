@@ -21,6 +21,7 @@ from urllib.parse import parse_qsl
 
 from ductor_streams.errors import InvalidBody, RequestTooLarge
 from ductor_streams.http.access import authenticate
+from ductor_streams.http.headers import API_HEADERS
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
 from ductor_streams.http.routes_records import MAX_APPEND_BODY, append_answer, read_answer
 from ductor_streams.http.routes_streams import API_MOUNT
@@ -101,6 +102,7 @@ async def _respond(
     response_headers = [
         (b"content-type", media_type),
         (b"content-length", str(len(body)).encode()),
+        *API_HEADERS,
     ]
     response_headers.extend((k.lower().encode(), v.encode("latin-1")) for k, v in extra.items())
     await send({"type": "http.response.start", "status": status, "headers": response_headers})

@@ -28,7 +28,7 @@ async def ack_consumer(request: Request[Any, Any, Any]) -> Response[bytes]:
         raise AckInFuture("sequence is beyond the latest sequence")
     ref = await stream_for(request, "read")
     consumer_id = request.path_params["consumer_id"]
-    if not CONSUMER_ID_RE.match(consumer_id):
+    if not CONSUMER_ID_RE.fullmatch(consumer_id):
         raise ConsumerNotFound(f"no consumer {consumer_id!r} on this stream")
     acked = await request.app.state.store.ack(ref, consumer_id, body.sequence)
     return json_response({"consumer_id": consumer_id, "acked_sequence": acked})

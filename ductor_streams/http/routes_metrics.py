@@ -26,7 +26,9 @@ async def prometheus_metrics(request: Request[Any, Any, Any]) -> Response[bytes]
         # The process's own counters are still worth a scrape; the gauges keep their
         # last values.
         log.warning("delivery gauges not refreshed", extra={"error_type": type(exc).__name__})
-    return Response(metrics.render(), media_type=metrics.CONTENT_TYPE)
+    # As a header, not ``media_type``: Litestar appends "; charset=utf-8" to a text/*
+    # media type, and prometheus_client's already names its charset.
+    return Response(metrics.render(), headers={"Content-Type": metrics.CONTENT_TYPE})
 
 
 ROUTES = [prometheus_metrics]

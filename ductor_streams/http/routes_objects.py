@@ -176,8 +176,10 @@ async def download_object(request: Request[Any, Any, Any]) -> Stream:
     intent, content = await object_service(request).download(ref, request.path_params["object_id"])
     return Stream(
         content,
-        media_type=intent.content_type,
         headers={
+            # Exactly the uploader's type, as a header: as ``media_type`` Litestar would
+            # append "; charset=utf-8" to a text/* type, even to one naming its charset.
+            "Content-Type": intent.content_type,
             "Content-Length": str(intent.size),
             "ETag": f'"{intent.sha256}"',
             "X-Object-Sha256": intent.sha256,

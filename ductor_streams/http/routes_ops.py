@@ -172,9 +172,11 @@ ROUTES = [list_deliveries, show_delivery, retry_delivery, list_gaps, summary]
 
 # --- the page (no data in it; see the module docstring) -----------------------------
 
+# Litestar appends "; charset=utf-8" to every text/* media type itself: naming it here
+# too sent it twice.
 _ASSETS = {
-    "ops.js": "text/javascript; charset=utf-8",
-    "ops.css": "text/css; charset=utf-8",
+    "ops.js": "text/javascript",
+    "ops.css": "text/css",
     "ops.svg": "image/svg+xml",
 }
 _PAGE_HEADERS = {
@@ -185,7 +187,7 @@ _PAGE_HEADERS = {
     ),
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
-    "Cache-Control": "no-cache",
+    "Cache-Control": "no-store",  # as every API answer (http/headers.py)
 }
 
 
@@ -196,7 +198,7 @@ def page_routes(mount: str) -> list[Any]:
     async def ops_page() -> Response[bytes]:
         """The operator page."""
         html = (STATIC_DIR / "ops.html").read_bytes()
-        return Response(html, media_type="text/html; charset=utf-8", headers=_PAGE_HEADERS)
+        return Response(html, media_type="text/html", headers=_PAGE_HEADERS)
 
     @get(mount + "/ops/static/{name:str}", include_in_schema=False)
     async def ops_asset(request: Request[Any, Any, Any]) -> Response[bytes]:

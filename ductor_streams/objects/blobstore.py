@@ -51,7 +51,7 @@ class ParsedKey:
 
 def parse_key(key: str) -> ParsedKey | None:
     """The parts of a key this service wrote, or None for anything else."""
-    match = _KEY.match(key)
+    match = _KEY.fullmatch(key)
     if match is None:
         return None
     try:

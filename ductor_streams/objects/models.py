@@ -54,13 +54,13 @@ class PrepareRequest:
         RecordTooLarge (the metadata becomes an inline record)."""
         key = check_idempotency_key(idempotency_key)
         assert key is not None
-        if not _SHA256.match(sha256):
+        if not _SHA256.fullmatch(sha256):
             raise InvalidInput("sha256 must be 64 hexadecimal digits")
         if isinstance(size, bool) or size < 0:
             raise InvalidInput("size must be a non-negative integer")
         if size > MAX_OBJECT_BYTES:
             raise ObjectTooLarge(f"an object is at most {MAX_OBJECT_BYTES} bytes, not {size}")
-        if len(content_type) > 255 or not _MEDIA_TYPE.match(content_type):
+        if len(content_type) > 255 or not _MEDIA_TYPE.fullmatch(content_type):
             raise InvalidInput("content_type must be a media type such as application/pdf")
         if schema is not None and not 1 <= len(schema) <= 255:
             raise InvalidInput("schema must be 1 to 255 characters")

@@ -45,13 +45,13 @@ def parse_state(raw: str | None) -> str | None:
 
 
 def parse_run(raw: str | None) -> str | None:
-    if raw is not None and not RUN_ID_RE.match(raw):
+    if raw is not None and not RUN_ID_RE.fullmatch(raw):
         raise InvalidFilter("run is not a valid run ID")
     return raw
 
 
 def parse_stream(raw: str | None) -> str | None:
-    if raw is not None and not STREAM_ID_RE.match(raw):
+    if raw is not None and not STREAM_ID_RE.fullmatch(raw):
         raise InvalidFilter("stream is not a valid stream ID")
     return raw
 

@@ -2,7 +2,7 @@
 
 The same sequence of requests goes to two identical streams: one through the app as
 served (appends and reads of records answered by the front), one through Litestar alone
-(``Litestar.__call__``, bypassing the front). Every answer must match: status, headers
+(``StreamsApp.without_front``, bypassing the front). Every answer must match: status, headers
 (but the date) and body, with the stream id swapped.
 """
 
@@ -12,11 +12,11 @@ import re
 from typing import Any
 
 import httpx
-from litestar import Litestar
 
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from ductor_streams.http import create_app
+from ductor_streams.http.app import StreamsApp
 from ductor_streams.http.records_front import is_records_request
 from ductor_streams.http.routes_records import MAX_APPEND_BODY
 from tests.conftest import API, TokenFactory, unique
@@ -26,19 +26,20 @@ Case = tuple[str, str, dict[str, str], bytes]  # method, path suffix, headers, b
 
 
 class LitestarOnly:
-    """The app without its front: every request goes through Litestar's routing."""
+    """The app without its front: every request goes through Litestar's routing (and
+    gets the headers every response carries, as served)."""
 
-    def __init__(self, app: Litestar) -> None:
+    def __init__(self, app: StreamsApp) -> None:
         self.app = app
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        await Litestar.__call__(self.app, scope, receive, send)
+        await self.app.without_front(scope, receive, send)
 
 
 class ViaFront:
     """The app as served, which must take the front for every records case."""
 
-    def __init__(self, app: Litestar) -> None:
+    def __init__(self, app: StreamsApp) -> None:
         self.app = app
         self.fronted = 0
 
