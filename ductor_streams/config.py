@@ -91,6 +91,8 @@ class Settings(BaseModel):
     sse_buffer_records: int = Field(default=4096, ge=1, le=10_000_000)
     sse_page_records: int = Field(default=500, ge=1, le=1000)
     live_poll_seconds: float = Field(default=5.0, ge=0.05, le=3600)
+    sse_buffer_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024**3)
+    sse_stall_seconds: float = Field(default=30.0, ge=0.5, le=3600)
 
     # input delivery (DispatcherConfig); None keeps the dispatcher's own default
     delivery_lease_seconds: float | None = Field(default=None, ge=0.5, le=3600)
@@ -219,6 +221,8 @@ class Settings(BaseModel):
             buffer_records=self.sse_buffer_records,
             page_records=self.sse_page_records,
             poll_seconds=self.live_poll_seconds,
+            buffer_bytes=self.sse_buffer_bytes,
+            stall_seconds=self.sse_stall_seconds,
         )
 
     @property

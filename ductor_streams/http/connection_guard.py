@@ -33,6 +33,16 @@ from typing import Any, ClassVar
 from ductor_streams import metrics
 from ductor_streams.http.protocol import HeadHoldingHttpToolsProtocol
 
+# The scope extension that lets the app act on the request's connection:
+# ``scope["extensions"][CONNECTION_EXTENSION]["abort"]()`` cuts it.
+CONNECTION_EXTENSION = "ductor.connection"
+
+# After a refusal the connection reads (and drops) what the client is still sending,
+# for up to this long or this many bytes, before it closes: closing a socket with
+# unread data resets it, and the reset can destroy the answer before the client reads it.
+LINGER_SECONDS = 2.0
+LINGER_BYTES = 8 * 1024 * 1024
+
 # File descriptors kept free for everything that is not a client connection: the
 # database pool, the LISTEN connection, Temporal, logs, object files.
 RESERVED_DESCRIPTORS = 64
@@ -111,6 +121,12 @@ class GuardedHttpToolsProtocol(HeadHoldingHttpToolsProtocol):
         self._head_bytes = 0
         self._in_head = True
         self._head_timer: asyncio.TimerHandle | None = None
+        self._discard_left = -1  # >= 0 while lingering after a refusal
+        # The ASGI scope's extension that lets the app cut this connection (a stalled
+        # SSE reader: http/sse_response.py).
+        self._extensions: dict[str, dict[object, object]] = {
+            CONNECTION_EXTENSION: {"abort": self.transport.abort}
+        }
         if open_before >= self.limits.max_connections and not self._evict_one():
             metrics.CONNECTIONS_REFUSED.labels("too_many").inc()
             self._answer_and_close(TOO_MANY_CONNECTIONS)
@@ -122,6 +138,11 @@ class GuardedHttpToolsProtocol(HeadHoldingHttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._discard_left >= 0:
+            self._discard_left -= len(data)
+            if self._discard_left < 0:
+                self.transport.close()
+            return
         if self._in_head:
             if self._head_timer is None:
                 self._await_head()
@@ -136,6 +157,10 @@ class GuardedHttpToolsProtocol(HeadHoldingHttpToolsProtocol):
         ):
             metrics.CONNECTIONS_REFUSED.labels("head_too_large").inc()
             self._answer_and_close(HEAD_TOO_LARGE)
+
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self.scope["extensions"] = self._extensions
 
     def on_headers_complete(self) -> None:
         self._head_done()
@@ -195,7 +220,14 @@ class GuardedHttpToolsProtocol(HeadHoldingHttpToolsProtocol):
     def _answer_and_close(self, answer: bytes) -> None:
         self._head_done()
         self.transport.write(answer)
-        self.transport.close()
+        if not self.transport.can_write_eof():
+            self.transport.close()
+            return
+        # Half-close: the answer and then EOF reach the client, which may still be
+        # sending; what it sends is read and dropped until it stops or the linger ends.
+        self.transport.write_eof()
+        self._discard_left = LINGER_BYTES
+        self.loop.call_later(LINGER_SECONDS, self.transport.close)
 
 
 def guarded(limits: ConnectionLimits) -> Any:

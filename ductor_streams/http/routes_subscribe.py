@@ -28,7 +28,13 @@ from ductor_streams.http.codec import encode_record
 from ductor_streams.http.params import parse_cursor
 from ductor_streams.http.problems import problem_response
 from ductor_streams.http.routes_streams import STREAM
-from ductor_streams.http.sse_response import DirectWriter, SseStream
+from ductor_streams.http.sse_response import (
+    DirectWriter,
+    SseStream,
+    StallGuard,
+    connection_abort,
+    pieces,
+)
 from ductor_streams.live.events import Draining, End, Expired, LiveBatch, TokenExpired
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.subscription import Subscription
@@ -40,7 +46,7 @@ RECONNECT = b'event: reconnect\nretry: 1000\ndata: {"reason":"server_shutdown"}\
 # The last frame of a response whose bearer token expired: the client reconnects with a
 # fresh token (an EventSource's own reconnect with the old one gets 401).
 TOKEN_EXPIRED = b'event: reconnect\ndata: {"reason":"token_expired"}\n\n'
-SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
 def followers_of(app: Litestar) -> Followers:
@@ -73,7 +79,14 @@ async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
     redaction = redaction_for(principal_of(request), ref)
     followers = followers_of(request.app)
     subscription = await followers.subscribe(ref.stream_pk, cursor)
-    writer = DirectWriter(partial(_record_frames, redaction=redaction, memo_key=tuple(redaction)))
+    live = followers.settings
+    abort = connection_abort(request.scope)
+    guard = StallGuard(abort, live.stall_seconds) if abort is not None else None
+    writer = DirectWriter(
+        partial(_record_frames, redaction=redaction, memo_key=tuple(redaction)),
+        max_bytes=live.write_chunk,
+        guard=guard,
+    )
     events = _events(
         followers,
         ref.stream_pk,
@@ -82,6 +95,7 @@ async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
         writer,
         instance=request.scope.get("path"),
         token_expires_at=_token_expiry(request),
+        guard=guard,
     )
     return SseStream(events, media_type="text/event-stream", headers=SSE_HEADERS, writer=writer)
 
@@ -95,8 +109,10 @@ async def _events(
     *,
     instance: str | None,
     token_expires_at: float | None,
+    guard: StallGuard | None,
 ) -> AsyncIterator[bytes]:
     keepalive = followers.settings.keepalive_seconds
+    chunk = followers.settings.write_chunk
     memo_key = tuple(redaction)
     metrics.SUBSCRIBERS.inc()
     subscription.attach_sink(writer)
@@ -112,9 +128,17 @@ async def _events(
             # A direct write that had to wait for the client goes out before this item.
             await writer.drain()
             if item is None:
+                stall = guard.arm() if guard is not None else None
                 yield KEEPALIVE
+                if stall is not None:
+                    stall.cancel()
             elif isinstance(item, list):
-                yield b"".join(_record_frames(batch, redaction, memo_key) for batch in item)
+                frames = (_record_frames(batch, redaction, memo_key) for batch in item)
+                for piece in pieces(frames, chunk):
+                    stall = guard.arm() if guard is not None else None
+                    yield piece
+                    if stall is not None:
+                        stall.cancel()
             else:
                 if isinstance(item, End):
                     data = msgspec.json.encode({"last_sequence": item.last_sequence})

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import Callable, Coroutine, Iterable
+import logging
+from collections.abc import Callable, Coroutine, Iterable, Iterator
 from typing import Any, cast
 
 from litestar import Request
@@ -26,7 +27,11 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Send, TypeEncodersMap
 from litestar.utils.helpers import get_enum_string_value
 
+from ductor_streams.http.connection_guard import CONNECTION_EXTENSION
 from ductor_streams.live.events import LiveBatch
+from ductor_streams.live.stats import SLOW_SUBSCRIBER_DISCONNECTS
+
+log = logging.getLogger(__name__)
 
 _Write = Coroutine[Any, Any, None]
 
@@ -40,8 +45,16 @@ class DirectWriter:
     before sending anything, so frames never overtake each other.
     """
 
-    def __init__(self, encode: Callable[[LiveBatch], bytes]) -> None:
+    def __init__(
+        self,
+        encode: Callable[[LiveBatch], bytes],
+        *,
+        max_bytes: int,
+        guard: StallGuard | None = None,
+    ) -> None:
         self._encode = encode
+        self._max_bytes = max_bytes
+        self._guard = guard
         self._send: Send | None = None
         self._inflight: asyncio.Task[None] | None = None
         self._broken = False
@@ -54,7 +67,14 @@ class DirectWriter:
         send = self._send
         if send is None or self._inflight is not None or self._broken:
             return False
+        if batch.nbytes > self._max_bytes:
+            # Larger writes go through the generator in pieces, so that a slow reader
+            # never has more than one piece of them in the server's send buffer (and a
+            # batch too large for any buffer is never encoded whole).
+            return False
         body = self._encode(batch)
+        if len(body) > self._max_bytes:
+            return False
         write = send({"type": "http.response.body", "body": body, "more_body": True})
         try:
             blocked_on = cast(_Write, write).send(None)
@@ -67,6 +87,8 @@ class DirectWriter:
             cast(_Write, write).close()
             return False
         self._inflight = asyncio.ensure_future(_finish(cast(_Write, write), blocked_on))
+        if self._guard is not None:
+            self._guard.watch(self._inflight)
         return True
 
     async def drain(self) -> None:
@@ -80,6 +102,61 @@ class DirectWriter:
         self._send = None
         if self._inflight is not None:
             self._inflight.cancel()
+
+
+class StallGuard:
+    """Cuts the connection of a subscriber whose client accepts no data for
+    ``stall_seconds`` while a write to it waits (its socket's buffer is full).
+
+    Memory stays bounded without it (writes are chunked and buffers capped); this frees
+    the connection, its task and its place in the fan-out. The client resumes with
+    Last-Event-ID and loses nothing: it has every record it read.
+    """
+
+    def __init__(self, abort: Callable[[], None], stall_seconds: float) -> None:
+        self._abort = abort
+        self._stall_seconds = stall_seconds
+
+    def arm(self) -> asyncio.TimerHandle:
+        """Start the clock before a write that may wait; cancel the handle after it."""
+        return asyncio.get_running_loop().call_later(self._stall_seconds, self._stalled)
+
+    def watch(self, write: asyncio.Future[None]) -> None:
+        """Start the clock for a write already waiting (a direct write's remainder)."""
+        timer = self.arm()
+        write.add_done_callback(lambda _done: timer.cancel())
+
+    def _stalled(self) -> None:
+        SLOW_SUBSCRIBER_DISCONNECTS.inc()
+        log.info(
+            "cut a subscriber that accepted no data", extra={"stall_seconds": self._stall_seconds}
+        )
+        self._abort()
+
+
+def connection_abort(scope: Any) -> Callable[[], None] | None:
+    """The server's way to cut this request's connection, if it offers one."""
+    connection = scope.get("extensions", {}).get(CONNECTION_EXTENSION)
+    return None if connection is None else connection.get("abort")
+
+
+def pieces(frames: Iterable[bytes], max_bytes: int) -> Iterator[bytes]:
+    """``frames`` as writes of at most ``max_bytes`` each: small frames joined, large
+    ones sliced (a slow reader then holds one piece in the send buffer, not the frame)."""
+    pending: list[bytes] = []
+    size = 0
+    for frame in frames:
+        if size + len(frame) > max_bytes and pending:
+            yield pending[0] if len(pending) == 1 else b"".join(pending)
+            pending, size = [], 0
+        if len(frame) > max_bytes:
+            for start in range(0, len(frame), max_bytes):
+                yield frame[start : start + max_bytes]
+        else:
+            pending.append(frame)
+            size += len(frame)
+    if pending:
+        yield pending[0] if len(pending) == 1 else b"".join(pending)
 
 
 async def _finish(write: _Write, blocked_on: Any) -> None:

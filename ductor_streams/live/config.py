@@ -18,6 +18,13 @@ class LiveSettings:
     died between its commit and its NOTIFY) delays delivery but never stalls it.
     ``watch_seconds``: how long a follower's watch of its stream lasts (appends notify
     while it does); renewed every third of it while followed. Not from the environment.
+
+    A subscriber's memory is bounded in bytes too: ``buffer_bytes`` of buffered records
+    (past it, as past ``buffer_records``, it reads Postgres instead), ``page_bytes`` per
+    read (not from the environment), and ``write_chunk`` bytes per write to its socket, so
+    a slow reader holds at most about one chunk in the server's send buffer.
+    ``stall_seconds``: a write that the client has not accepted for this long ends the
+    connection (the client resumes with Last-Event-ID).
     """
 
     keepalive_seconds: float = 10.0
@@ -25,3 +32,7 @@ class LiveSettings:
     page_records: int = 500
     poll_seconds: float = 5.0
     watch_seconds: float = 60.0
+    buffer_bytes: int = 4 * 1024 * 1024
+    page_bytes: int = 256 * 1024
+    write_chunk: int = 64 * 1024
+    stall_seconds: float = 30.0

@@ -22,6 +22,14 @@ class LiveBatch:
     latest_sequence: int
     closed: bool
     memo: dict[Hashable, bytes] = field(default_factory=dict)
+    _nbytes: int = -1
+
+    @property
+    def nbytes(self) -> int:
+        """The records' payload bytes (their ``size``), counted once per batch."""
+        if self._nbytes < 0:
+            self._nbytes = sum(r.size for r in self.records)
+        return self._nbytes
 
 
 @dataclass(frozen=True, slots=True)

@@ -273,8 +273,8 @@ class StreamFollower:
                 await self._fan_out(batch)
                 if page.records:
                     self.last_read = page.records[-1].sequence
-            if len(page.records) < self._page:
-                return
+            if not page.records or page.records[-1].sequence >= page.latest_sequence:
+                return  # read up to the stream's latest (a page may be cut by bytes)
 
     async def _fan_out(self, batch: LiveBatch) -> None:
         # The snapshot is taken after the read: whoever registers later (even between

@@ -65,6 +65,7 @@ class Followers:
             record_gap=partial(self._record_gap, stream_pk),
             buffer_records=self.settings.buffer_records,
             page_records=self.settings.page_records,
+            buffer_bytes=self.settings.buffer_bytes,
         )
         follower.add(subscription)  # registered BEFORE the first read: nothing slips by
         if self.draining:
@@ -190,7 +191,9 @@ class Followers:
         return await self._read(stream_pk, after, limit)
 
     async def _read(self, stream_pk: int, after: int, limit: int) -> Page:
-        return await read_page(self._pool, stream_pk, after, limit)
+        return await read_page(
+            self._pool, stream_pk, after, limit, max_bytes=self.settings.page_bytes
+        )
 
     async def _record_gap(
         self, stream_pk: int, expected: int, received: int, repaired: int

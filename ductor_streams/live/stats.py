@@ -27,3 +27,17 @@ LIVE_FED = Counter(
     "Batches of this process's own appends fanned out right after commit, without a read.",
     registry=REGISTRY,
 )
+
+LIVE_OVERFLOWS = Counter(
+    "ductor_streams_live_overflows",
+    "Subscriber buffers dropped for going over their record or byte budget; the "
+    "subscriber reads Postgres instead when it is ready.",
+    registry=REGISTRY,
+)
+
+SLOW_SUBSCRIBER_DISCONNECTS = Counter(
+    "ductor_streams_slow_subscriber_disconnects",
+    "SSE connections cut because the client accepted no data for the stall timeout "
+    "(DUCTOR_STREAMS_SSE_STALL_SECONDS); the client resumes with Last-Event-ID.",
+    registry=REGISTRY,
+)

@@ -32,6 +32,7 @@ from ductor_streams.live.events import (
     Terminal,
     TokenExpired,
 )
+from ductor_streams.live.stats import LIVE_OVERFLOWS
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page
 from ductor_streams.store.outage import report_unavailable
@@ -64,11 +65,14 @@ class Subscription:
         record_gap: GapRecorder,
         buffer_records: int,
         page_records: int,
+        buffer_bytes: int = 4 * 1024 * 1024,
     ) -> None:
         self.last_sent = cursor
         self._read = read
         self._record_gap = record_gap
         self._limit = buffer_records
+        self._limit_bytes = buffer_bytes
+        self._buffered_bytes = 0
         self._page = page_records
         self._buffer: deque[LiveBatch] = deque()
         self._buffered = 0
@@ -100,15 +104,21 @@ class Subscription:
         if self._sink is not None and self._deliver_direct(batch):
             return
         size = max(1, len(batch.records))
-        if self._buffered + size > self._limit:
+        nbytes = batch.nbytes
+        if self._buffered + size > self._limit or self._buffered_bytes + nbytes > self._limit_bytes:
+            # Over either budget: keep nothing for this subscriber (its memory stays
+            # bounded however slowly it reads); it reads Postgres when it gets there.
             self._buffer.clear()
             self._buffered = 0
+            self._buffered_bytes = 0
             self._overflowed = True
             self.overflows += 1
+            LIVE_OVERFLOWS.inc()
             log.info("live subscriber buffer overflowed; it falls back to Postgres reads")
         else:
             self._buffer.append(batch)
             self._buffered += size
+            self._buffered_bytes += nbytes
         self._wake()
 
     def attach_sink(self, sink: Sink | None) -> None:
@@ -163,6 +173,7 @@ class Subscription:
         self._sink = None
         self._buffer.clear()
         self._buffered = 0
+        self._buffered_bytes = 0
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
@@ -173,7 +184,7 @@ class Subscription:
         """The first read (the backfill's first page), done before the edge starts its
         response: raises CursorInFuture / CursorExpired / NotFound for a bad cursor."""
         page = await self._read_page(self.last_sent, self._page)
-        self._catching_up = len(page.records) >= self._page
+        self._catching_up = _more_after(page)
         self._pending = self._take_page(page)
         self._last_activity = asyncio.get_running_loop().time()
 
@@ -211,7 +222,7 @@ class Subscription:
                     if not database_unavailable(exc):
                         raise
                     return self._finish(_interrupted(exc))
-                self._catching_up = len(page.records) >= self._page
+                self._catching_up = _more_after(page)
                 batches = self._take_page(page)
                 if batches:
                     return batches
@@ -285,6 +296,7 @@ class Subscription:
         while self._buffer and not self._overflowed and count < MAX_DELIVERY_RECORDS:
             batch = self._buffer.popleft()
             self._buffered -= max(1, len(batch.records))
+            self._buffered_bytes -= batch.nbytes
             self._note_bounds(batch.closed, batch.latest_sequence)
             records = batch.records
             if not records or records[-1].sequence <= self.last_sent:
@@ -297,6 +309,7 @@ class Subscription:
                 # A gap: put the batch back and fill the hole from Postgres first.
                 self._buffer.appendleft(batch)
                 self._buffered += len(records)
+                self._buffered_bytes += batch.nbytes
                 if out:
                     return out
                 return await self._repair(records[0].sequence)
@@ -344,3 +357,9 @@ def _interrupted(exc: BaseException) -> Interrupted:
     # resume (Last-Event-ID) reads on from there once the database is back.
     report_unavailable("live", exc)
     return Interrupted()
+
+
+def _more_after(page: Page) -> bool:
+    """Whether records after the page existed when it was read: it was cut by its
+    record limit or its byte limit (store.read.read_page), not by the stream's end."""
+    return bool(page.records) and page.records[-1].sequence < page.latest_sequence

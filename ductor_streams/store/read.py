@@ -12,15 +12,23 @@ from ductor_streams.store.models import Page, Record
 
 
 async def read_page(
-    pool: asyncpg.Pool | asyncpg.Connection, stream_pk: int, cursor: int, limit: int
+    pool: asyncpg.Pool | asyncpg.Connection,
+    stream_pk: int,
+    cursor: int,
+    limit: int,
+    max_bytes: int | None = None,
 ) -> Page:
-    """Return up to ``limit`` records after ``cursor``.
+    """Return up to ``limit`` records after ``cursor`` (and, given ``max_bytes``, no more
+    records than fit that many payload bytes, but at least one).
 
     A cursor beyond the latest sequence is CursorInFuture (never an implicit reset);
     a cursor whose next record retention removed is CursorExpired (HTTP 410). Bounds
     and records come from one statement, so they are one consistent snapshot.
     """
-    rows = await pool.fetch(QUERIES["records_read"], stream_pk, cursor, limit)
+    if max_bytes is None:
+        rows = await pool.fetch(QUERIES["records_read"], stream_pk, cursor, limit)
+    else:
+        rows = await pool.fetch(QUERIES["records_read_bytes"], stream_pk, cursor, limit, max_bytes)
     if not rows:
         raise NotFound("stream does not exist")
     head = rows[0]

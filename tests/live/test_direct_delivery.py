@@ -111,7 +111,9 @@ async def test_a_write_held_by_flow_control_is_not_overtaken():
             await gate  # the first write waits, as uvicorn does when writing is paused
         sent.append(message["body"])
 
-    writer = DirectWriter(lambda b: b"".join(b"%d;" % r.sequence for r in b.records))
+    writer = DirectWriter(
+        lambda b: b"".join(b"%d;" % r.sequence for r in b.records), max_bytes=64 * 1024
+    )
     assert writer(batch(1, 1)) is False  # not bound yet: the generator's path
     writer.bind(send)
     assert writer(batch(1, 2)) is True  # taken, but held

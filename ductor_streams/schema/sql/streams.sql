@@ -52,6 +52,26 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
  WHERE s.stream_pk = $1
  ORDER BY r.sequence;
 
+-- name: records_read_bytes
+-- records_read with a byte budget as well ($4, the sum of the records' sizes): the page
+-- stops before the record that would pass it, but holds at least one record. Live
+-- delivery reads this way, so that no catch-up page of large records costs a
+-- subscriber more than its budget of memory.
+SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
+       r.sequence, r.payload, r.size, r.appended_at, r.object::text AS object
+  FROM workflow_streams.streams s
+  LEFT JOIN LATERAL (
+        SELECT w.sequence, w.payload, w.size, w.appended_at, w.object
+          FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object,
+                       sum(rr.size) OVER (ORDER BY rr.sequence) AS running
+                  FROM workflow_streams.records rr
+                 WHERE rr.stream_pk = s.stream_pk AND rr.sequence > $2
+                 ORDER BY rr.sequence
+                 LIMIT $3) w
+         WHERE w.running - w.size < $4) r ON true
+ WHERE s.stream_pk = $1
+ ORDER BY r.sequence;
+
 -- name: records_append
 -- The 7-argument form: notifies inside its own transaction, at commit. Not on the HTTP
 -- append path (records_append_group); tests/speed/test_wakes.py checks that form with it.
