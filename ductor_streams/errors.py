@@ -128,6 +128,13 @@ class RecordTooLarge(StreamsError):
     status = 413
 
 
+class TooManyJsonValues(StreamsError):
+    """An append body holds too many JSON values; send fewer or flatter records."""
+
+    code = "too_many_json_values"
+    status = 413
+
+
 class InvalidBatch(StreamsError):
     """A batch holds 1 to 1,000 records."""
 

@@ -22,6 +22,7 @@ from ductor_streams.http import (
     routes_subscribe,
 )
 from ductor_streams.http.access import authorize
+from ductor_streams.http.append_worker import close_workers
 from ductor_streams.http.headers import is_api_path, secure_send
 from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.problems import handle_exception
@@ -68,6 +69,7 @@ def create_app(
                     await stack.enter_async_context(service(app))
                 yield
         finally:
+            await close_workers()
             await hub.close()
             await pool.close()
 

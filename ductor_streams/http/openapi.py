@@ -46,7 +46,7 @@ ERROR_STATUSES = {
     "404": "`not_found` (never reveals another run's or tenant's streams)",
     "409": "`definition_conflict`, `stream_closed`, `quota_exhausted`, `ack_regression`, ...",
     "410": "`cursor_expired` (with requested/earliest/latest sequences) or `object_expired`",
-    "413": "`record_too_large`, `object_too_large` or `request_too_large`",
+    "413": "`record_too_large`, `too_many_json_values`, `object_too_large` or `request_too_large`",
     "422": "`invalid_definition`, `content_class_forbidden`, `placement_mismatch`, ...",
     "429": "`credit_exhausted`; retry after `Retry-After` seconds",
     "431": "`request_header_too_large`: the headers exceed 32 KiB in all",

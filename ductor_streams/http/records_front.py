@@ -14,6 +14,8 @@ both ways and compares the answers.
 
 from __future__ import annotations
 
+import functools
+import mmap
 import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
@@ -21,6 +23,7 @@ from urllib.parse import parse_qsl
 
 from ductor_streams.errors import InvalidBody, RequestTooLarge
 from ductor_streams.http.access import authenticate
+from ductor_streams.http.append_body import Body
 from ductor_streams.http.headers import API_HEADERS
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
 from ductor_streams.http.routes_records import MAX_APPEND_BODY, append_answer, read_answer
@@ -29,6 +32,9 @@ from ductor_streams.http.routes_streams import API_MOUNT
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+# Bodies announced larger than this are read into a memory map (``_read_mapped``).
+_MAPPED_BODY = 1024 * 1024
 
 # Litestar matches a ``{name:str}`` parameter to one non-empty path segment; anything
 # else (a trailing slash, another method) is left to Litestar.
@@ -72,7 +78,8 @@ async def answer_records(
                 principal,
                 run_id,
                 stream_id,
-                await _read_body(headers, receive, MAX_APPEND_BODY),
+                # Called once the stream is resolved: nobody's body is read for nothing.
+                functools.partial(_read_body, headers, receive, MAX_APPEND_BODY),
                 _first_header(headers, b"idempotency-key"),
             )
         else:
@@ -109,7 +116,7 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit: int) -> bytes:
+async def _read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit: int) -> Body:
     """The whole request body, refused past ``limit`` bytes (as Litestar's Request.body)."""
     announced = _first_header(headers, b"content-length")
     if announced is not None:
@@ -119,6 +126,8 @@ async def _read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit
             raise InvalidBody(f"Invalid content-length: {announced!r}") from None
         if length > limit:
             raise RequestTooLarge()
+        if length > _MAPPED_BODY:
+            return await _read_mapped(receive, length)
     chunks: list[bytes] = []
     total = 0
     while True:
@@ -133,6 +142,28 @@ async def _read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit
             chunks.append(chunk)
         if not event.get("more_body", False):
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+async def _read_mapped(receive: Receive, length: int) -> memoryview:
+    """A body of ``length`` announced bytes, each chunk copied into an anonymous memory
+    map as it arrives. Joining 80 MiB of chunks at the end would be one copy of ~50 ms
+    (page faults included) that holds the event loop; here the map's pages are touched
+    a chunk at a time."""
+    # Private: a shared anonymous map (mmap's default) is shmem, twice as slow to fill
+    # and to free (measured: freeing 80 MiB took ~25 ms against ~8 ms).
+    view = memoryview(mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE))
+    received = 0
+    while True:
+        event = await receive()
+        if event["type"] == "http.disconnect":
+            raise ClientGone()
+        chunk: bytes = event.get("body", b"")
+        if len(chunk) > length - received:
+            raise InvalidBody("the body is longer than its content-length")
+        view[received : received + len(chunk)] = chunk
+        received += len(chunk)
+        if not event.get("more_body", False):
+            return view[:received]
 
 
 def _first_header(headers: list[tuple[bytes, bytes]], name: bytes) -> str | None:

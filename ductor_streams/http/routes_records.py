@@ -8,29 +8,23 @@ machinery, so both ways in answer alike.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 from litestar import Request, Response, get, post
 
 from ductor_streams.auth import Principal
 from ductor_streams.http.access import egress_check, principal_of, redaction_for, resolve_stream
-from ductor_streams.http.codec import decode_json, encode_json, page_json
+from ductor_streams.http.append_body import AppendBody as AppendBody  # for http/openapi.py
+from ductor_streams.http.append_body import Body, decode_append_body
+from ductor_streams.http.codec import encode_json, page_json
 from ductor_streams.http.params import parse_cursor, parse_limit
 from ductor_streams.http.routes_streams import STREAM
-from ductor_streams.store import Store, encode_batch
+from ductor_streams.store import Store
 
 # 1,000 records of 64 KiB, with room for JSON escapes in the request's own encoding.
 MAX_APPEND_BODY = 80 * 1024 * 1024
-
-
-class AppendRecord(msgspec.Struct, forbid_unknown_fields=True):
-    payload: Any
-
-
-class AppendBody(msgspec.Struct, forbid_unknown_fields=True):
-    records: list[AppendRecord]
 
 
 @dataclass(frozen=True)
@@ -55,13 +49,16 @@ async def append_answer(
     principal: Principal,
     run_id: str,
     stream_id: str,
-    raw_body: bytes,
+    read_body: Callable[[], Awaitable[Body]],
     idempotency_key: str | None,
 ) -> Answer:
-    """Append the body's records (already authenticated with ``streams:write``)."""
-    body: AppendBody = decode_json(raw_body, AppendBody)
-    batch = encode_batch([r.payload for r in body.records], idempotency_key=idempotency_key)
+    """Append the body's records (already authenticated with ``streams:write``).
+
+    The stream is resolved (403/404) before ``read_body`` is called: a body is read and
+    decoded only for a caller who may append to a stream that exists, and decoded
+    without stalling the event loop (``append_body``)."""
     ref = await resolve_stream(store, principal, run_id, stream_id, "write", "POST")
+    batch = await decode_append_body(await read_body(), idempotency_key)
     result = await store.append(ref, batch)
     answer = encode_json(
         {"first_sequence": result.first_sequence, "last_sequence": result.last_sequence}
@@ -102,7 +99,7 @@ async def append_records(request: Request[Any, Any, Any]) -> Response[bytes]:
         principal_of(request),
         request.path_params["run_id"],
         request.path_params["stream_id"],
-        await request.body(),
+        request.body,
         request.headers.get("idempotency-key"),
     )
     return answer.to_response()
