@@ -334,7 +334,7 @@ class Appender:
         """The outcome of each request, and the transaction's ``appended_at``."""
         self.statements += 1
         rows = await self._connection.fetch(
-            QUERIES["records_append_group"], stream_pk, *statement_arguments(batches), notify_inline
+            QUERIES["records_append_group"], stream_pk, *await arguments_for(batches), notify_inline
         )
         outcomes = [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
         return outcomes, rows[0]["appended_at"]
@@ -344,12 +344,13 @@ class Appender:
     ) -> tuple[list[list[Outcome]], datetime]:
         """Each group's outcomes, and the transaction's ``appended_at``."""
         self.statements += 1
+        arguments = await arguments_for([batch for _, group in groups for batch in group])
         rows = await self._connection.fetch(
             QUERIES["records_append_stream_groups"],
             [stream_pk for stream_pk, _ in groups],
             [len(group) for _, group in groups],
             [sum(b.count for b in group) for _, group in groups],
-            *statement_arguments([batch for _, group in groups for batch in group]),
+            *arguments,
             notify_inline,
         )
         outcomes: list[list[Outcome]] = [[] for _ in groups]
@@ -358,6 +359,14 @@ class Appender:
                 (r["outcome"], r["first_sequence"], r["last_sequence"])
             )
         return outcomes, rows[0]["appended_at"]
+
+
+# A statement carrying more payload bytes than this builds its arguments in a turn of
+# the event loop of its own (``arguments_for``): joining them and encoding them for
+# sending cost ~0.5 ms per MiB each (a 60 MB batch: ~50 ms to join and check, ~40 ms
+# for asyncpg), and in one turn they would hold the loop near 100 ms. Small statements
+# go out in the turn that decided them.
+LARGE_STATEMENT_BYTES = 1024 * 1024
 
 
 def committed_records(
@@ -405,9 +414,7 @@ def statement_arguments(batches: list[EncodedBatch]) -> tuple[Any, ...]:
         sizes.extend(batch.sizes)
         objects.extend(batch.objects)
     joined = RECORD_SEPARATOR.join(payloads)
-    if joined.count(RECORD_SEPARATOR) != len(payloads) - 1:
-        # Compact JSON escapes control characters; a payload from elsewhere might not.
-        raise ValueError("a payload holds the record separator U+001E unescaped")
+    _check_separators(joined, len(payloads))
     return (
         [b.count for b in batches],
         [b.idempotency_key for b in batches],
@@ -416,6 +423,23 @@ def statement_arguments(batches: list[EncodedBatch]) -> tuple[Any, ...]:
         ",".join(map(str, sizes)),
         objects if any(o is not None for o in objects) else None,
     )
+
+
+def _check_separators(joined: str, count: int) -> None:
+    if joined.count(RECORD_SEPARATOR) != count - 1:
+        # Compact JSON escapes control characters; a payload from elsewhere might not.
+        raise ValueError("a payload holds the record separator U+001E unescaped")
+
+
+async def arguments_for(batches: list[EncodedBatch]) -> tuple[Any, ...]:
+    """``statement_arguments``; for a statement over ``LARGE_STATEMENT_BYTES`` the event
+    loop gets a turn after it, before asyncpg encodes the arguments for sending."""
+    if sum(sum(batch.sizes) for batch in batches) <= LARGE_STATEMENT_BYTES:
+        return statement_arguments(batches)
+    await asyncio.sleep(0)  # after the decisions of this turn: the join is its own turn
+    arguments = statement_arguments(batches)
+    await asyncio.sleep(0)
+    return arguments
 
 
 def _settle(future: asyncio.Future[Outcome], exc: BaseException) -> None:
