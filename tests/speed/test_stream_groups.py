@@ -13,6 +13,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from ductor_streams.errors import DatabaseUnavailable
 from ductor_streams.store import EncodedBatch, Store, encode_batch
 from ductor_streams.store.append import Appender, statement_arguments
 from tests.speed.mixed import workload
@@ -258,7 +259,12 @@ async def test_a_group_whose_connection_failed_is_not_retried(pool: asyncpg.Pool
     # The first request went alone, the other five as one group, which failed as a whole.
     assert calls == [1, 5]
     assert results[0].first_sequence == 1  # type: ignore[union-attr]
-    assert all(isinstance(r, asyncpg.exceptions.ConnectionFailureError) for r in results[1:])
+    # Each of the five gets the failure as an unavailable database (503 at the edge).
+    assert all(
+        isinstance(r, DatabaseUnavailable)
+        and isinstance(r.__cause__, asyncpg.exceptions.ConnectionFailureError)
+        for r in results[1:]
+    )
 
 
 async def test_records_travel_joined_and_come_back_exact(pool: asyncpg.Pool) -> None:
