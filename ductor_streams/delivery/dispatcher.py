@@ -1,8 +1,12 @@
 """The input dispatcher: claims due deliveries and hands them to the wait service.
 
 Per stream, deliveries go one at a time in sequence order; different streams go
-concurrently. Claims are leases in Postgres (``delivery_claim``), so any replica takes
-over a lease that a crashed one left behind. A repeat after a takeover is harmless: the
+concurrently, each claimed stream a lane of its own, and a lane that finishes frees its
+slot for the next claim at once. Claims are leases in Postgres (``delivery_claim``),
+kept short and renewed by a heartbeat while their owner lives (``delivery_renew``), so a
+replica takes over a crashed one's leases within about one lease. An owner sends only
+within ``LEASE_GUARD`` of a lease after its last renewal began, so while nothing crashes
+no two owners ever send the same record. A repeat after a takeover is harmless: the
 event id is deterministic and the workflow helper drops what it has seen.
 """
 
@@ -15,6 +19,7 @@ import random
 import socket
 import time
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -32,25 +37,59 @@ from ductor_streams.delivery.wait_service import (
 
 log = logging.getLogger(__name__)
 
+# An owner sends a signal only within this fraction of a lease after the start of the
+# last renewal (or claim) that covered every row of the lane: Postgres counts the lease
+# from a later moment (the statement's start), so the 20% left over absorbs clock rate
+# and scheduling jitter and the owner has stopped before any other replica may claim.
+LEASE_GUARD = 0.8
+# The heartbeat renews this many times per lease: two renewals in a row may fail (or a
+# stall eat half a lease) before a live owner's guard runs out.
+RENEWALS_PER_LEASE = 4
+
+# A lane records what it has sent at least this often (and at its end), so that a row
+# is `delivered` soon after its signal, not after the whole claim: what a crash leaves
+# to be sent again (and a takeover's figures) stays small. One UPDATE per period.
+RECORD_EVERY = 0.2
+
+_DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+
 
 @dataclass(frozen=True)
 class DispatcherConfig:
     """Tuning of one dispatcher; the defaults suit a small deployment."""
 
-    lease_seconds: float = 30.0
-    max_streams: int = 32  # streams claimed (and delivered concurrently) per round
-    per_stream: int = 100  # deliveries leased per stream per round
+    # Short, renewed every lease/4 while held: a dead owner's rows are claimable at most
+    # this long after its last renewal (docs/temporal.md, "Leases": why 1.5 s).
+    lease_seconds: float = 1.5
+    max_streams: int = 32  # streams (lanes) held and delivered concurrently
+    per_stream: int = 100  # deliveries leased per stream per claim
     idle_poll: float = 1.0  # re-check this often even without a wake (lost notifications)
     base_delay: float = 0.5  # first retry after about this long, doubling, with jitter
     max_delay: float = 60.0
     max_attempts: int = 100  # then dead: nothing is retried forever
     not_found_grace: float = 30.0  # a run that does not exist yet may still be starting
+    # After stop(), a signal already in flight may finish for this long; then it is
+    # abandoned and its delivery given back with the rest (sent again by another replica).
+    stop_grace: float = 3.0
 
 
 def backoff_delay(attempts: int, config: DispatcherConfig) -> float:
     """Exponential backoff with jitter (50-100% of the capped exponential)."""
     ceiling = min(config.max_delay, config.base_delay * 2 ** max(0, attempts - 1))
     return ceiling * random.uniform(0.5, 1.0)
+
+
+@dataclass(eq=False)
+class _Lane:
+    """One claimed stream's deliveries while this dispatcher holds their leases."""
+
+    deliveries: list[ClaimedDelivery]
+    # Ids still leased to us: an id leaves before the statement that records or gives it
+    # back is sent, so a renewal that misses an id still here has found a lease lost.
+    held: set[int]
+    # Monotonic start of the claim, then of the last renewal that covered all of `held`.
+    renewed_at: float
+    lost: bool = False
 
 
 class Dispatcher:
@@ -70,90 +109,222 @@ class Dispatcher:
         self._tenant = tenant
         self.owner = owner or f"{socket.gethostname()}:{uuid.uuid4().hex[:8]}"
         self.config = config or DispatcherConfig()
+        self._guard = self.config.lease_seconds * LEASE_GUARD
+        self._renew_every = self.config.lease_seconds / RENEWALS_PER_LEASE
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
+        self._stopped_at: float | None = None
+        self._lanes: set[_Lane] = set()
+        self._heartbeat: asyncio.Task[None] | None = None
         self.delivered = 0
+        self.renewals = 0  # renewal statements that succeeded (tests, metrics)
 
     def notify(self) -> None:
         """Something may be due now (an append committed): look without waiting."""
         self._wake.set()
 
     def stop(self) -> None:
+        """Claim nothing more; lanes give back what they have not sent (see stop_grace)."""
+        if self._stopped_at is None:
+            self._stopped_at = time.monotonic()
         self._stop.set()
         self._wake.set()
 
     async def run(self) -> None:
-        """Claim and deliver until ``stop()``; waits for wakes or the idle poll between."""
+        """Claim and deliver until ``stop()``; waits for wakes or the idle poll between.
+
+        Lanes run as tasks: a claim happens whenever a slot is free and something may be
+        due, not only once every lane of the previous claim has finished, so a lease that
+        lapses is taken over while this dispatcher is busy with long lanes of its own.
+        """
         failures = 0
-        while not self._stop.is_set():
-            # Cleared before the claim, so that a wake during it is not lost.
-            self._wake.clear()
+        lanes: set[asyncio.Task[None]] = set()
+
+        def finished(task: asyncio.Task[None]) -> None:
+            lanes.discard(task)
+            if not task.cancelled() and task.exception() is not None:
+                log.error("delivery lane crashed", exc_info=task.exception())
+            self._wake.set()  # a slot is free, and the stream may have more
+
+        async with self._renewing():
             try:
-                claimed = await self.run_once()
-                failures = 0
-                if claimed:
-                    continue
-                due = await outbox.seconds_until_due(self._pool, self._tenant)
-                timeout = self.config.idle_poll if due is None else due
-                timeout = min(max(timeout, 0.005), self.config.idle_poll)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                failures += 1
-                timeout = min(self.config.max_delay, 0.2 * 2 ** min(failures, 8))
-                log.warning("dispatcher round failed", extra={"error_type": type(exc).__name__})
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout)
+                while not self._stop.is_set():
+                    # Cleared before the claim, so that a wake during it is not lost.
+                    self._wake.clear()
+                    timeout = self.config.idle_poll
+                    try:
+                        free = self.config.max_streams - len(lanes)
+                        if free > 0:
+                            claimed = await self._claim(free)
+                            failures = 0
+                            for lane in claimed:
+                                task = asyncio.get_running_loop().create_task(
+                                    self._deliver_lane(lane)
+                                )
+                                lanes.add(task)
+                                task.add_done_callback(finished)
+                            if claimed:
+                                continue
+                            due = await outbox.seconds_until_due(self._pool, self._tenant)
+                            if due is not None:
+                                timeout = min(max(due, 0.005), self.config.idle_poll)
+                    except _DB_ERRORS as exc:
+                        failures += 1
+                        timeout = min(self.config.max_delay, 0.2 * 2 ** min(failures, 8))
+                        log.warning(
+                            "dispatcher round failed", extra={"error_type": type(exc).__name__}
+                        )
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._wake.wait(), timeout)
+            finally:
+                # Also when cancelled or crashed: the lanes see the stop before their next
+                # signal and give back the rest, instead of running on unwatched.
+                self.stop()
+                if lanes:
+                    await asyncio.gather(*lanes, return_exceptions=True)
 
     async def run_once(self) -> int:
-        """One round: claim, deliver every claimed stream; returns how many were claimed."""
-        claimed_at = time.monotonic()
-        lanes = await outbox.claim(
+        """One claim, every claimed lane delivered; returns how many were claimed."""
+        async with self._renewing():
+            lanes = await self._claim(self.config.max_streams)
+            await asyncio.gather(*(self._deliver_lane(lane) for lane in lanes))
+        return sum(len(lane.deliveries) for lane in lanes)
+
+    async def _claim(self, max_streams: int) -> list[_Lane]:
+        # Taken before the claim (and its pool acquire): the lease Postgres grants starts
+        # later, so a guard counted from here ends early, never late.
+        started = time.monotonic()
+        claimed = await outbox.claim(
             self._pool,
             owner=self.owner,
             tenant=self._tenant,
             lease_seconds=self.config.lease_seconds,
-            max_streams=self.config.max_streams,
+            max_streams=max_streams,
             per_stream=self.config.per_stream,
         )
-        if not lanes:
-            return 0
-        await asyncio.gather(*(self._deliver_lane(lane, claimed_at) for lane in lanes.values()))
-        return sum(len(lane) for lane in lanes.values())
+        lanes = [
+            _Lane(deliveries, {d.delivery_id for d in deliveries}, started)
+            for deliveries in claimed.values()
+        ]
+        self._lanes.update(lanes)
+        return lanes
 
-    async def _deliver_lane(self, lane: list[ClaimedDelivery], claimed_at: float) -> None:
-        done: list[int] = []
-        # Stop well before the lease ends, so a takeover never overlaps this owner.
-        lease_end = claimed_at + self.config.lease_seconds * 0.8
+    # -- the lease heartbeat ---------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _renewing(self) -> AsyncIterator[None]:
+        """Runs the heartbeat while the block runs (once, however deeply entered)."""
+        if self._heartbeat is not None:
+            yield
+            return
+        self._heartbeat = asyncio.get_running_loop().create_task(
+            self._beat(), name="delivery-lease-heartbeat"
+        )
         try:
-            for index, delivery in enumerate(lane):
-                if time.monotonic() >= lease_end or self._stop.is_set():
-                    await self._flush(done)
-                    await outbox.release(
-                        self._pool, [d.delivery_id for d in lane[index:]], owner=self.owner
-                    )
+            yield
+        finally:
+            heartbeat, self._heartbeat = self._heartbeat, None
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+
+    async def _beat(self) -> None:
+        while True:
+            await asyncio.sleep(self._renew_every)
+            now = time.monotonic()
+            # A lane claimed or renewed less than half a period ago is left for the next
+            # beat (it is then at most 1.5 periods old, well inside the guard): most
+            # lanes finish in milliseconds and never cost a renewal.
+            due = [
+                lane
+                for lane in self._lanes
+                if lane.held and not lane.lost and now - lane.renewed_at >= self._renew_every / 2
+            ]
+            if not due:
+                continue
+            try:
+                await self._renew(due)
+            except (*_DB_ERRORS, TimeoutError) as exc:
+                # The guards keep running out: if this goes on, the lanes stop sending
+                # before their leases lapse, and whoever claims them next sends the rest.
+                log.warning("lease renewal failed", extra={"error_type": type(exc).__name__})
+
+    async def _renew(self, lanes: list[_Lane]) -> None:
+        ids = [delivery_id for lane in lanes for delivery_id in lane.held]
+        async with self._pool.acquire(timeout=self._guard / 2) as conn:
+            # Taken once the connection is ours: a wait for the pool is not renewal time.
+            started = time.monotonic()
+            renewed = await outbox.renew(
+                conn,
+                ids,
+                owner=self.owner,
+                lease_seconds=self.config.lease_seconds,
+                timeout=self._guard / 2,
+            )
+        self.renewals += 1
+        for lane in lanes:
+            # `held` may have shrunk meanwhile; whatever is still in it must be renewed.
+            if lane.held <= renewed:
+                lane.renewed_at = max(lane.renewed_at, started)
+            elif not lane.lost:
+                # Lapsed (a stall longer than the guard's margin) or taken: this lane's
+                # guard is never extended again, and it ran out before the lease did.
+                lane.lost = True
+                log.warning(
+                    "delivery lease lost",
+                    extra={"stream_pk": lane.deliveries[0].stream_pk, "owner": self.owner},
+                )
+
+    def _deadline(self, lane: _Lane) -> float:
+        """Monotonic time after which this lane must not have a signal in flight."""
+        deadline = lane.renewed_at + self._guard
+        if self._stopped_at is not None:
+            deadline = min(deadline, self._stopped_at + self.config.stop_grace)
+        return deadline
+
+    # -- one lane ----------------------------------------------------------------------
+
+    async def _send(self, lane: _Lane, delivery: ClaimedDelivery) -> bool:
+        """Signal one delivery within the lane's deadline (which renewals move on).
+
+        False if the deadline passed first: the signal was abandoned and may or may not
+        have reached the run (whoever sends it again is deduplicated by the helper).
+        """
+        task = asyncio.ensure_future(self._wait.deliver(delivery.event))
+        try:
+            while True:
+                remaining = self._deadline(lane) - time.monotonic()
+                if remaining <= 0:
+                    task.cancel()
+                    await asyncio.wait({task})
+                    if not task.cancelled():
+                        task.exception()  # retrieved: its outcome no longer matters
+                    return False
+                # Wakes at least once per renewal period to see a moved deadline.
+                done, _ = await asyncio.wait({task}, timeout=min(remaining, self._renew_every))
+                if done:
+                    task.result()  # the wait service's failure, if any
+                    return True
+        except asyncio.CancelledError:
+            task.cancel()
+            raise
+
+    async def _deliver_lane(self, lane: _Lane) -> None:
+        done: list[int] = []
+        deliveries = lane.deliveries
+        recorded_at = time.monotonic()
+        try:
+            for index, delivery in enumerate(deliveries):
+                if self._stop.is_set() or time.monotonic() >= self._deadline(lane):
+                    await self._give_back(lane, done, index)
                     return
                 try:
-                    await self._wait.deliver(delivery.event)
+                    sent = await self._send(lane, delivery)
                 except RunGone as exc:
                     if isinstance(exc, RunNotFound) and self._young(delivery):
                         await self._retry(done, lane, index, f"run not found: {exc}")
                     else:
-                        metrics.DELIVERY_ATTEMPTS.labels("dead").inc()
-                        await self._flush(done)
-                        await outbox.mark_dead(
-                            self._pool,
-                            [d.delivery_id for d in lane[index:]],
-                            attempted=delivery.delivery_id,
-                            error=str(exc),
-                        )
-                        log.info(
-                            "input delivery dead",
-                            extra={
-                                "run_id": delivery.event.run_id,
-                                "stream_id": delivery.event.stream_id,
-                                "sequence": delivery.event.sequence,
-                                "reason": str(exc),
-                            },
-                        )
+                        await self._dead(done, lane, index, str(exc))
                     return
                 except DeliveryFailed as exc:
                     await self._retry(done, lane, index, str(exc))
@@ -162,38 +333,81 @@ class Dispatcher:
                     log.exception("wait service raised", extra={"delivery": delivery.delivery_id})
                     await self._retry(done, lane, index, f"{type(exc).__name__}: {exc}")
                     return
+                if not sent:
+                    await self._give_back(lane, done, index)
+                    return
                 metrics.DELIVERY_ATTEMPTS.labels("delivered").inc()
                 metrics.DELIVERY_LATENCY.observe(
                     max(0.0, (datetime.now(UTC) - delivery.created_at).total_seconds())
                 )
                 done.append(delivery.delivery_id)
-            await self._flush(done)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            # The lease runs out and another round (or replica) repeats what is unrecorded.
+                if time.monotonic() - recorded_at >= RECORD_EVERY:
+                    await self._flush(lane, done)
+                    recorded_at = time.monotonic()
+            await self._flush(lane, done)
+        except _DB_ERRORS as exc:
+            # The lease runs out and another claim (or replica) repeats what is unrecorded.
             log.warning("recording deliveries failed", extra={"error_type": type(exc).__name__})
+        finally:
+            self._lanes.discard(lane)
 
     def _young(self, delivery: ClaimedDelivery) -> bool:
         age = (datetime.now(UTC) - delivery.created_at).total_seconds()
         return age < self.config.not_found_grace
 
-    async def _flush(self, done: list[int]) -> None:
+    def _let_go(self, lane: _Lane, index: int) -> list[int]:
+        """The ids of deliveries[index:], no longer held (before any statement on them)."""
+        ids = [d.delivery_id for d in lane.deliveries[index:]]
+        lane.held.difference_update(ids)
+        return ids
+
+    async def _flush(self, lane: _Lane, done: list[int]) -> None:
+        lane.held.difference_update(done)
         await outbox.mark_delivered(self._pool, done)
         self.delivered += len(done)
         done.clear()
 
-    async def _retry(
-        self, done: list[int], lane: list[ClaimedDelivery], index: int, error: str
-    ) -> None:
-        await self._flush(done)
-        failed = lane[index]
+    async def _give_back(self, lane: _Lane, done: list[int], index: int) -> None:
+        """Stopping or out of lease: record what was sent, give back the rest at once,
+        and wake the other dispatchers to take it."""
+        if not self._stop.is_set():
+            # Renewals failed or lagged (database trouble, a stalled event loop).
+            log.warning(
+                "delivery lease guard ran out: giving the rest of a claim back",
+                extra={"stream_pk": lane.deliveries[0].stream_pk, "lost": lane.lost},
+            )
+        await self._flush(lane, done)
+        await outbox.release(self._pool, self._let_go(lane, index), owner=self.owner, wake=True)
+
+    async def _dead(self, done: list[int], lane: _Lane, index: int, error: str) -> None:
+        delivery = lane.deliveries[index]
+        metrics.DELIVERY_ATTEMPTS.labels("dead").inc()
+        await self._flush(lane, done)
+        await outbox.mark_dead(
+            self._pool, self._let_go(lane, index), attempted=delivery.delivery_id, error=error
+        )
+        log.info(
+            "input delivery dead",
+            extra={
+                "run_id": delivery.event.run_id,
+                "stream_id": delivery.event.stream_id,
+                "sequence": delivery.event.sequence,
+                "reason": error,
+            },
+        )
+
+    async def _retry(self, done: list[int], lane: _Lane, index: int, error: str) -> None:
+        await self._flush(lane, done)
+        failed = lane.deliveries[index]
         attempts = failed.attempts + 1
         metrics.DELIVERY_ATTEMPTS.labels(
             "dead" if attempts >= self.config.max_attempts else "retrying"
         ).inc()
+        rest = self._let_go(lane, index)
         if attempts >= self.config.max_attempts:
             await outbox.mark_dead(
                 self._pool,
-                [d.delivery_id for d in lane[index:]],
+                rest,
                 attempted=failed.delivery_id,
                 error=f"gave up after {attempts} attempts: {error}",
             )
@@ -205,6 +419,5 @@ class Dispatcher:
             error=error[:1000],
             delay=backoff_delay(attempts, self.config),
         )
-        await outbox.release(
-            self._pool, [d.delivery_id for d in lane[index + 1 :]], owner=self.owner
-        )
+        # Behind a head that backs off: nothing to wake anyone for.
+        await outbox.release(self._pool, rest[1:], owner=self.owner)

@@ -77,9 +77,31 @@ async def mark_dead(
     await pool.execute(QUERIES["delivery_mark_dead"], delivery_ids, attempted, error)
 
 
-async def release(pool: asyncpg.Pool, delivery_ids: list[int], *, owner: str) -> None:
-    if delivery_ids:
-        await pool.execute(QUERIES["delivery_release"], delivery_ids, owner)
+async def release(
+    pool: asyncpg.Pool, delivery_ids: list[int], *, owner: str, wake: bool = False
+) -> int:
+    """Give back ``owner``'s leases of ``delivery_ids``; with ``wake``, every dispatcher
+    hears of it at commit (when anything was given back). Returns how many were."""
+    if not delivery_ids:
+        return 0
+    row = await pool.fetchrow(QUERIES["delivery_release"], delivery_ids, owner, wake)
+    return int(row["released"])
+
+
+async def renew(
+    conn: asyncpg.Connection,
+    delivery_ids: list[int],
+    *,
+    owner: str,
+    lease_seconds: float,
+    timeout: float | None = None,  # noqa: ASYNC109 - asyncpg's statement timeout
+) -> set[int]:
+    """Extend ``owner``'s live leases of ``delivery_ids`` to ``lease_seconds`` from now;
+    returns the ids renewed (a lapsed or taken lease is not among them)."""
+    rows = await conn.fetch(
+        QUERIES["delivery_renew"], delivery_ids, owner, lease_seconds, timeout=timeout
+    )
+    return {row["delivery_id"] for row in rows}
 
 
 async def seconds_until_due(pool: asyncpg.Pool, tenant: str) -> float | None:

@@ -99,6 +99,10 @@ class WorkersProcess:
             probe, lambda text: "input dispatcher started" in text, timeout=timeout, what="workers"
         )
 
+    async def returncode(self) -> int | None:
+        """The exit status, or None while it runs (a probe for ``eventually``)."""
+        return self.process.poll()
+
     def kill(self) -> None:
         self.process.kill()
         self.process.wait(10)

@@ -1,9 +1,12 @@
-"""Two `ductor-streams workers` dispatchers at once, one SIGKILLed while it holds leases:
-every input still reaches its workflow exactly once, in order, and no row is left behind."""
+"""Two `ductor-streams workers` dispatchers at once, one SIGKILLed (or SIGTERMed) while it
+holds leases: every input still reaches its workflow exactly once, in order, and no row is
+left behind; with the default lease the survivor has taken over within seconds."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 from pathlib import Path
 
 import asyncpg
@@ -11,7 +14,7 @@ import pytest
 from temporalio.client import Client
 
 from ductor_streams.config import Settings
-from ductor_streams.store import Store
+from ductor_streams.store import Store, StreamRef
 from tests.support.server import settings_env
 from tests.temporal.conftest import WorkerFactory
 from tests.temporal.polling import eventually
@@ -91,3 +94,223 @@ async def test_sigkilled_dispatcher_is_taken_over_without_loss_or_repeat(
             (n, "delivered", None) for n in range(1, PER_RUN + 1)
         ]
     print(f"stranded leases at kill: {stranded}")
+
+
+# With the default lease (no DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS): the survivor must
+# have delivered every row the killed one held within this long of the kill.
+KILL_TAKEOVER_SECONDS = 3.0
+# Inputs per run of these two tests: waves of WAVE until the dispatcher to stop holds a
+# lease (lanes of 20 signals last long enough that it still holds it at the signal),
+# then the rest after it.
+LONG_RUN = 150
+WAVE = 20
+TERM_EXIT_SECONDS = 10.0
+TERM_TAKEOVER_SECONDS = 1.0
+
+
+async def _open_leases(pool: asyncpg.Pool, owner: str, refs: list[StreamRef]) -> list[int]:
+    rows = await pool.fetch(
+        "SELECT delivery_id FROM workflow_streams.input_deliveries"
+        " WHERE lease_owner = $1 AND state IN ('pending', 'retrying') AND stream_pk = ANY($2)",
+        owner,
+        [r.stream_pk for r in refs],
+    )
+    return [r["delivery_id"] for r in rows]
+
+
+async def _undelivered(pool: asyncpg.Pool, delivery_ids: list[int]) -> int:
+    return int(
+        await pool.fetchval(
+            "SELECT count(*) FROM workflow_streams.input_deliveries"
+            " WHERE delivery_id = ANY($1) AND state <> 'delivered'",
+            delivery_ids,
+        )
+    )
+
+
+async def _not_taken_over(pool: asyncpg.Pool, delivery_ids: list[int], taker: str) -> int:
+    """Rows of ``delivery_ids`` neither delivered nor leased to ``taker``."""
+    return int(
+        await pool.fetchval(
+            "SELECT count(*) FROM workflow_streams.input_deliveries"
+            " WHERE delivery_id = ANY($1) AND state <> 'delivered'"
+            "   AND lease_owner IS DISTINCT FROM $2",
+            delivery_ids,
+            taker,
+        )
+    )
+
+
+async def _all_delivered_once_in_order(
+    pool: asyncpg.Pool, refs: list[StreamRef], results: list[CollectResult]
+) -> None:
+    expected = CollectResult(list(range(1, LONG_RUN + 1)), list(range(LONG_RUN)), 1)
+    assert results == [expected] * len(refs)
+    for ref in refs:
+        rows = await deliveries(pool, ref)
+        assert [(r["sequence"], r["state"], r["lease_owner"]) for r in rows] == [
+            (n, "delivered", None) for n in range(1, LONG_RUN + 1)
+        ]
+
+
+async def _append_until_held(
+    store: Store, pool: asyncpg.Pool, refs: list[StreamRef], owner: str
+) -> int:
+    """Appends waves of inputs to every stream until ``owner`` holds a lease (both
+    dispatchers claim as soon as a wave commits, so the first to look may take every
+    stream of a wave); returns how many inputs each stream got."""
+    appended = 0
+    while appended + WAVE <= LONG_RUN - 30:  # at least 30 more after the signal
+        wave = list(range(appended, appended + WAVE))
+        await asyncio.gather(*(append_inputs(store, ref, wave) for ref in refs))
+        appended += WAVE
+        with contextlib.suppress(AssertionError):
+            await eventually(
+                lambda: _open_leases(pool, owner, refs),
+                lambda ids: len(ids) > 0,
+                timeout=0.5,
+                interval=0.002,
+                what=f"a lease of {owner}",
+            )
+            return appended
+    raise AssertionError(f"{owner} held no lease in {appended} inputs per stream")
+
+
+def _two_dispatchers(
+    wf_settings: Settings, tmp_path: Path, first: str
+) -> tuple[WorkersProcess, WorkersProcess]:
+    """Two `workers` with every delivery setting at its default."""
+    env = settings_env(wf_settings)
+    first_process, second = (
+        WorkersProcess({**env, "DUCTOR_STREAMS_DELIVERY_OWNER": name}, tmp_path / f"{name}.log")
+        for name in (first, "steady")
+    )
+    return first_process, second
+
+
+@pytest.mark.timeout(180)
+async def test_sigkilled_dispatcher_with_the_default_lease_is_taken_over_within_3_s(
+    wf_client: Client,
+    make_worker: WorkerFactory,
+    task_queue: str,
+    run_id: str,
+    store: Store,
+    pool: asyncpg.Pool,
+    wf_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    doomed, steady = _two_dispatchers(wf_settings, tmp_path, "doomed")
+    run_ids = [f"{run_id}-{i}" for i in range(RUNS)]
+    async with make_worker([CollectWorkflow]):
+        handles = [
+            await wf_client.start_workflow(
+                CollectWorkflow.run, CollectInput(expect=LONG_RUN), id=r, task_queue=task_queue
+            )
+            for r in run_ids
+        ]
+        refs = [await stream_ref(store, wf_settings.tenant, r, "input") for r in run_ids]
+        try:
+            doomed.start()
+            steady.start()
+            await asyncio.gather(doomed.started(), steady.started())
+            appended = await _append_until_held(store, pool, refs, "doomed")
+            killed_at = time.monotonic()
+            doomed.kill()  # SIGKILL while it delivers: no release, no renewal, nothing
+            stranded = await _open_leases(pool, "doomed", refs)
+            for ref in refs:
+                await append_inputs(store, ref, list(range(appended, LONG_RUN)))
+            await eventually(
+                lambda: _undelivered(pool, stranded),
+                lambda n: n == 0,
+                timeout=30,
+                interval=0.01,
+                what="every row the killed dispatcher held delivered",
+            )
+            taken_over = time.monotonic() - killed_at
+            results = await asyncio.wait_for(
+                asyncio.gather(*(h.result() for h in handles)), timeout=120
+            )
+        finally:
+            doomed.stop()
+            steady.stop()
+    print(f"kill -9: {len(stranded)} held rows all delivered {taken_over:.2f} s after the kill")
+    assert stranded, "the killed dispatcher held no lease at the kill"
+    assert taken_over <= KILL_TAKEOVER_SECONDS
+    await _all_delivered_once_in_order(pool, refs, results)
+
+
+@pytest.mark.timeout(180)
+async def test_sigtermed_dispatcher_exits_within_10_s_and_the_other_goes_on_within_1_s(
+    wf_client: Client,
+    make_worker: WorkerFactory,
+    task_queue: str,
+    run_id: str,
+    store: Store,
+    pool: asyncpg.Pool,
+    wf_settings: Settings,
+    tmp_path: Path,
+) -> None:
+    leaving, steady = _two_dispatchers(wf_settings, tmp_path, "leaving")
+    run_ids = [f"{run_id}-{i}" for i in range(RUNS)]
+    async with make_worker([CollectWorkflow]):
+        handles = [
+            await wf_client.start_workflow(
+                CollectWorkflow.run, CollectInput(expect=LONG_RUN), id=r, task_queue=task_queue
+            )
+            for r in run_ids
+        ]
+        refs = [await stream_ref(store, wf_settings.tenant, r, "input") for r in run_ids]
+        try:
+            leaving.start()
+            steady.start()
+            await asyncio.gather(leaving.started(), steady.started())
+            appended = await _append_until_held(store, pool, refs, "leaving")
+            held = await _open_leases(pool, "leaving", refs)
+            termed_at = time.monotonic()
+            leaving.process.terminate()  # SIGTERM: stop claiming, finish or give back
+            # The other goes on: each row the leaving one held is delivered (by either:
+            # the signals in flight were finished) or in the other one's hands.
+            await eventually(
+                lambda: _not_taken_over(pool, held, "steady"),
+                lambda n: n == 0,
+                timeout=30,
+                interval=0.005,
+                what="every row the leaving dispatcher held delivered or taken over",
+            )
+            taken_over = time.monotonic() - termed_at
+            await eventually(
+                lambda: _undelivered(pool, held),
+                lambda n: n == 0,
+                timeout=30,
+                interval=0.005,
+                what="every row the leaving dispatcher held delivered",
+            )
+            delivered = time.monotonic() - termed_at
+            await eventually(
+                leaving.returncode,
+                lambda rc: rc is not None,
+                timeout=30,
+                interval=0.01,
+                what="the leaving dispatcher's exit",
+            )
+            exited = time.monotonic() - termed_at
+            for ref in refs:
+                await append_inputs(store, ref, list(range(appended, LONG_RUN)))
+            results = await asyncio.wait_for(
+                asyncio.gather(*(h.result() for h in handles)), timeout=120
+            )
+            # Nothing crashed, so nothing was sent twice: the helpers dropped nothing.
+            dropped = [await h.query(CollectWorkflow.duplicates_dropped) for h in handles]
+        finally:
+            leaving.stop()
+            steady.stop()
+    print(
+        f"SIGTERM: {len(held)} held rows taken over {taken_over:.2f} s after it, all"
+        f" delivered after {delivered:.2f} s, exit after {exited:.2f} s"
+        f" (rc {leaving.process.returncode})"
+    )
+    assert leaving.process.returncode == 0
+    assert exited <= TERM_EXIT_SECONDS
+    assert taken_over <= TERM_TAKEOVER_SECONDS
+    assert dropped == [0] * RUNS
+    await _all_delivered_once_in_order(pool, refs, results)

@@ -77,14 +77,49 @@ UPDATE workflow_streams.input_deliveries
  WHERE delivery_id = ANY($1::bigint[]) AND state IN ('pending', 'retrying');
 
 -- name: delivery_release
--- Gives back the unattempted rest of a claim (owner $2), untouched otherwise.
-UPDATE workflow_streams.input_deliveries
-   SET lease_owner = NULL, lease_expires_at = NULL
- WHERE delivery_id = ANY($1::bigint[]) AND lease_owner = $2;
+-- Gives back the unattempted rest of a claim (owner $2), untouched otherwise; returns how
+-- many rows it gave back. With $3 (a dispatcher stopping, or past its lease guard) and
+-- anything given back, it also wakes every dispatcher at commit: wake 'd0' names stream
+-- 0, which the hub hands to its any-stream watchers (delivery/service.py), so another
+-- replica claims the rows at once instead of at its next idle poll.
+WITH released AS (
+    UPDATE workflow_streams.input_deliveries
+       SET lease_owner = NULL, lease_expires_at = NULL
+     WHERE delivery_id = ANY($1::bigint[]) AND lease_owner = $2
+    RETURNING delivery_id
+)
+SELECT (SELECT count(*) FROM released) AS released,
+       (SELECT count(pg_notify('workflow_streams', 'd0'))
+          FROM (SELECT 1 FROM released WHERE $3::boolean LIMIT 1) one) AS woken;
+
+-- name: delivery_renew
+-- The lease heartbeat (dispatcher.py): owner $2 renews its leases of deliveries $1 for
+-- $3 seconds from now, one statement for everything it holds. Only leases that have not
+-- run out: a lapsed lease may already be another dispatcher's, and an owner whose
+-- renewals stopped has stopped sending before its leases lapse (it sends only within 80%
+-- of a lease after its last renewal began). Returns the renewed ids: a held id missing
+-- from them is a lease lost, and its lane is never extended again. SKIP LOCKED: a row
+-- locked now is being recorded or given back by this owner (it is no longer held, so
+-- missing it means nothing) or claimed by another (then it is lost indeed); never wait
+-- for, or deadlock with, those statements. Rows found by primary key: O(held rows).
+WITH live AS (
+    SELECT delivery_id
+      FROM workflow_streams.input_deliveries
+     WHERE delivery_id = ANY($1::bigint[]) AND lease_owner = $2
+       AND state IN ('pending', 'retrying') AND lease_expires_at > now()
+       FOR UPDATE SKIP LOCKED
+)
+UPDATE workflow_streams.input_deliveries d
+   SET lease_expires_at = now() + make_interval(secs => $3)
+  FROM live
+ WHERE d.delivery_id = live.delivery_id
+RETURNING d.delivery_id;
 
 -- name: delivery_next_due
 -- Seconds until the earliest stream head of tenant $1 becomes claimable (<= 0: now);
--- NULL when nothing is open. Rows behind a head do not count: they wait for it.
+-- NULL when nothing is open. Rows behind a head do not count: they wait for it. A leased
+-- head counts at its lease's end, so an idle dispatcher wakes right when the lease of a
+-- replica that died runs out (its live owner keeps moving that end by renewing).
 SELECT extract(epoch FROM min(greatest(d.next_attempt_at,
                                        coalesce(d.lease_expires_at, d.next_attempt_at)))
                            - now())::float8 AS seconds
