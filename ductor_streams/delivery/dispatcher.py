@@ -248,6 +248,9 @@ class Dispatcher:
                 # The guards keep running out: if this goes on, the lanes stop sending
                 # before their leases lapse, and whoever claims them next sends the rest.
                 log.warning("lease renewal failed", extra={"error_type": type(exc).__name__})
+            except Exception:
+                # Never let the heartbeat die: without it every lane gives back at its guard.
+                log.exception("lease renewal raised")
 
     async def _renew(self, lanes: list[_Lane]) -> None:
         ids = [delivery_id for lane in lanes for delivery_id in lane.held]
