@@ -17,6 +17,7 @@ from temporalio import activity
 
 from ductor_streams.activities import models
 from ductor_streams.activities.errors import domain_errors
+from ductor_streams.activities.live import WorkerLive
 from ductor_streams.config import Settings
 from ductor_streams.definitions import parse_definition
 from ductor_streams.errors import EgressDenied
@@ -37,6 +38,7 @@ class StreamsActivities:
         self._settings = settings
         self._store = store
         self._objects: Any = None
+        self._live: WorkerLive | None = None
 
     @classmethod
     def current(cls) -> StreamsActivities:
@@ -70,6 +72,16 @@ class StreamsActivities:
             raise RuntimeError("StreamsActivities used outside its lifetime() (no store)")
         return self._store
 
+    @property
+    def live(self) -> WorkerLive:
+        """The worker's LISTEN hub and followers, started on first use (the activity
+        stream helpers, ``plugin.activity``, read and wait through them)."""
+        if self._live is None:
+            self._live = WorkerLive(
+                self.store, self._settings.require_database(), self._settings.live
+            )
+        return self._live
+
     @contextlib.asynccontextmanager
     async def lifetime(self) -> AsyncIterator[None]:
         """Open a pool for the worker's life (the plugin's ``run_context``)."""
@@ -77,7 +89,10 @@ class StreamsActivities:
         StreamsActivities._current = self
         try:
             if self._store is not None:
-                yield
+                try:
+                    yield
+                finally:
+                    await self._close_live()
                 return
             pool = await create_pool(
                 self._settings.require_database(),
@@ -88,11 +103,17 @@ class StreamsActivities:
             try:
                 yield
             finally:
+                await self._close_live()
                 self._store = None
                 self._objects = None
                 await pool.close()
         finally:
             StreamsActivities._current = previous
+
+    async def _close_live(self) -> None:
+        live, self._live = self._live, None
+        if live is not None:
+            await live.close()
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity, for ``Worker(activities=...)`` or a plugin."""

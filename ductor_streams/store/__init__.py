@@ -24,12 +24,14 @@ from ductor_streams.store.models import (
     StreamState,
 )
 from ductor_streams.store.read import read_page
+from ductor_streams.store.receipts import Receipt, receipts_with_prefix
 from ductor_streams.store.wakes import WakeSender
 
 __all__ = [
     "AppendResult",
     "EncodedBatch",
     "Page",
+    "Receipt",
     "Record",
     "Store",
     "StreamKey",
@@ -100,6 +102,10 @@ class Store:
 
     async def read(self, ref: StreamRef, cursor: int, limit: int) -> Page:
         return await read_page(self.pool, ref.stream_pk, cursor, limit)
+
+    async def receipts(self, ref: StreamRef, key_prefix: str) -> list[Receipt]:
+        """The stream's append receipts whose idempotency key starts with ``key_prefix``."""
+        return await receipts_with_prefix(self.pool, ref.stream_pk, key_prefix)
 
     async def ack(self, ref: StreamRef, consumer_id: str, sequence: int) -> int:
         return await acks.ack(self.pool, ref.stream_pk, consumer_id, sequence)

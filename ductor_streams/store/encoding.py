@@ -53,6 +53,34 @@ def check_idempotency_key(key: str | None) -> str | None:
     return key
 
 
+def check_record_size(raw: bytes, index: int = 0) -> None:
+    """RecordTooLarge (HTTP 413 ``record_too_large``) for a payload over the inline limit."""
+    if len(raw) > MAX_RECORD_BYTES:
+        raise RecordTooLarge(
+            f"record {index} is {len(raw)} bytes; inline records are at most "
+            f"{MAX_RECORD_BYTES} bytes (use /objects)"
+        )
+
+
+def batch_of_encoded(raws: list[bytes], *, idempotency_key: str | None) -> EncodedBatch:
+    """``encode_batch`` for payloads already encoded (and size-checked) by
+    ``encode_payload``: the same texts, sizes and request hash, without encoding again."""
+    if not 1 <= len(raws) <= MAX_BATCH_RECORDS:
+        raise InvalidBatch(f"a batch holds 1 to {MAX_BATCH_RECORDS} records, not {len(raws)}")
+    key = check_idempotency_key(idempotency_key)
+    digest = hashlib.sha256()
+    for raw in raws:
+        digest.update(len(raw).to_bytes(4, "big"))
+        digest.update(raw)
+    return EncodedBatch(
+        [raw.decode("utf-8") for raw in raws],
+        [len(raw) for raw in raws],
+        [None] * len(raws),
+        key,
+        digest.hexdigest(),
+    )
+
+
 def encode_batch(
     payloads: list[Any],
     *,
@@ -68,11 +96,7 @@ def encode_batch(
     sizes: list[int] = []
     for index, payload in enumerate(payloads):
         raw = encode_payload(payload)
-        if len(raw) > MAX_RECORD_BYTES:
-            raise RecordTooLarge(
-                f"record {index} is {len(raw)} bytes; inline records are at most "
-                f"{MAX_RECORD_BYTES} bytes (use /objects)"
-            )
+        check_record_size(raw, index)
         digest.update(len(raw).to_bytes(4, "big"))
         digest.update(raw)
         texts.append(raw.decode("utf-8"))

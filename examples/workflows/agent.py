@@ -1,28 +1,38 @@
-"""AgentWorkflow: an agent-style run that streams its answer to a UI and waits for a
-person's reply, with a timeout.
+"""AgentWorkflow: an agent-style run that streams its answer to a UI as the model
+produces it, and waits for a person's reply, with a timeout.
 
 Streams of the run (workflow ID = run ID):
 - ``output`` (``model_output``): what a UI renders live over SSE:
-  ``{"type": "chunk", "turn": n, "text": ...}`` pieces of an answer,
-  ``{"type": "turn_end", "turn": n}``, ``{"type": "waiting", "turn": n, "timeout_s": ...}``
-  and finally ``{"type": "goodbye", "reason": "timeout" | "bye"}``.
+  ``{"type": "chunk", "turn": n, "text": ...}`` tokens of an answer, written by the
+  ``draft_answer`` activity while the model runs, ``{"type": "turn_end", "turn": n}``,
+  ``{"type": "waiting", "turn": n, "timeout_s": ...}`` and finally
+  ``{"type": "goodbye", "reason": "timeout" | "bye"}``. If ``draft_answer`` fails and is
+  retried, the retry first appends ``{"type": "ductor_streams.retry", "attempt": n,
+  "activity_id": ..., "discard": [[first, last], ...]}``: the UI drops the chunks with
+  those sequences (the failed attempt's partial answer) and renders the new one.
 - ``messages`` (input): what the person types: ``{"text": "..."}``.
 
-Each turn: take the person's message, let the "model" (an activity; swap in a real one)
-draft the answer, stream it out in chunks, then wait for the next message up to
-``reply_timeout_s``. Every ``turns_per_run`` turns the run continues as new, carrying
-its stream position, so history stays small however long the conversation runs.
+Each turn: take the person's message, let the model (``model_tokens``: a stand-in that
+yields tokens with small delays; swap in a real client there) stream the answer from the
+``draft_answer`` activity straight into ``output`` (``stream_writer``: the UI sees each
+token a few milliseconds after the model produced it, not after the whole answer), then
+wait for the next message up to ``reply_timeout_s``. Every ``turns_per_run`` turns the
+run continues as new, carrying its stream position, so history stays small however
+long the conversation runs.
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 from temporalio import activity, workflow
+from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
+    from ductor_streams.plugin.activity import stream_writer
     from ductor_streams.plugin.workflow import Streams, StreamsSnapshot
 
 
@@ -36,12 +46,37 @@ class AgentInput:
     transcript_tail: list[str] = field(default_factory=list)
 
 
-@activity.defn(name="examples.draft_answer")
-async def draft_answer(prompt: str) -> list[str]:
-    """Stand-in for a model call: returns the answer as the chunks a model would stream."""
-    await asyncio.sleep(0)  # a real model call is I/O
+@dataclass
+class DraftInput:
+    prompt: str
+    turn: int
+
+
+# Seconds between the stand-in model's tokens.
+TOKEN_DELAY_S = 0.02
+
+
+async def model_tokens(prompt: str) -> AsyncIterator[str]:
+    """Stand-in for a streaming model call: the answer's tokens, one at a time, with a
+    small delay each. Swap in a real client here, e.g. an async iterator over the
+    text deltas of a streaming chat completion."""
     words = f"You said: {prompt}. Here is a considered answer, in a few pieces.".split()
-    return [" ".join(words[i : i + 3]) + " " for i in range(0, len(words), 3)]
+    for word in words:
+        await asyncio.sleep(TOKEN_DELAY_S)  # the model thinking
+        yield word + " "
+
+
+@activity.defn(name="examples.draft_answer")
+async def draft_answer(request: DraftInput) -> int:
+    """Streams the model's answer into ``output`` token by token while the model runs;
+    returns how many tokens it wrote. A retried attempt starts the answer again after a
+    retry marker (the default for ``model_output`` streams)."""
+    tokens = 0
+    async with stream_writer("output") as out:
+        async for token in model_tokens(request.prompt):
+            await out.write({"type": "chunk", "turn": request.turn, "text": token})
+            tokens += 1
+    return tokens
 
 
 @workflow.defn(name="AgentWorkflow")
@@ -77,15 +112,14 @@ class AgentWorkflow:
             if text.strip().lower() == "bye":
                 return await self._goodbye("bye", turn)
             turn += 1
-            chunks = await workflow.execute_activity(
-                draft_answer, text, start_to_close_timeout=timedelta(seconds=60)
+            # The activity streams the answer itself; the workflow only waits for it.
+            await workflow.execute_activity(
+                draft_answer,
+                DraftInput(text, turn),
+                start_to_close_timeout=timedelta(minutes=5),
+                heartbeat_timeout=timedelta(seconds=30),  # the writer heartbeats per batch
+                retry_policy=RetryPolicy(initial_interval=timedelta(seconds=1)),
             )
-            # A UI shows chunks as they land; two per append keeps it lively and cheap.
-            for i in range(0, len(chunks), 2):
-                await self.streams.append_many(
-                    "output",
-                    [{"type": "chunk", "turn": turn, "text": c} for c in chunks[i : i + 2]],
-                )
             await self.streams.append("output", {"type": "turn_end", "turn": turn})
             if turn % request.turns_per_run == 0:
                 snapshot = await self.streams.prepare_continue_as_new()

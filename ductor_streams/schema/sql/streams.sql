@@ -97,3 +97,13 @@ SELECT latest_sequence FROM closed, (SELECT count(*) FROM wake) w;
 UPDATE workflow_streams.streams
    SET legal_hold = $2, legal_hold_reason = $3
  WHERE stream_pk = $1;
+
+-- name: append_receipts_with_prefix
+-- The stream's append receipts whose idempotency key starts with $2, in sequence order:
+-- an activity's stream writer finds what earlier attempts of the activity appended
+-- (their keys share a prefix, ductor_streams/plugin/activity/keys.py). Reads only the
+-- stream's own receipts (the primary key's first column).
+SELECT idempotency_key, first_sequence, last_sequence
+  FROM workflow_streams.append_receipts
+ WHERE stream_pk = $1 AND starts_with(idempotency_key, $2)
+ ORDER BY first_sequence;
