@@ -254,7 +254,10 @@ class Dispatcher:
 
     async def _renew(self, lanes: list[_Lane]) -> None:
         ids = [delivery_id for lane in lanes for delivery_id in lane.held]
-        async with self._pool.acquire(timeout=self._guard / 2) as conn:
+        # Bounded by a guard: a renewal that took longer extends nothing (its start plus
+        # the guard has passed), but a slow one that succeeds within it still counts (a
+        # new pool connection under load can take most of a second).
+        async with self._pool.acquire(timeout=self._guard) as conn:
             # Taken once the connection is ours: a wait for the pool is not renewal time.
             started = time.monotonic()
             renewed = await outbox.renew(
@@ -262,7 +265,7 @@ class Dispatcher:
                 ids,
                 owner=self.owner,
                 lease_seconds=self.config.lease_seconds,
-                timeout=self._guard / 2,
+                timeout=self._guard,
             )
         self.renewals += 1
         for lane in lanes:
