@@ -32,6 +32,12 @@ TEMPORAL_ENV_PREFIX = "TEMPORAL_"
 GOOGLE_CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
 
 
+# How long opening one Postgres connection may take (the pool's and the LISTEN
+# connection's; store/db.py says why). Here rather than in store/ because live/ needs it
+# too, and importing store/ from live/ would be circular.
+DATABASE_CONNECT_TIMEOUT_SECONDS = 10.0
+
+
 class ConfigError(Exception):
     """A missing or invalid setting; the CLI prints it on one line and exits 2."""
 

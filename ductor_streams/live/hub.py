@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterator
 
 import asyncpg
 
-from ductor_streams.store.db import CONNECT_TIMEOUT_SECONDS
+from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
 
 CHANNEL = "workflow_streams"
 log = logging.getLogger(__name__)
@@ -145,7 +145,7 @@ class NotificationHub:
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _connect(self) -> None:
-        conn = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_SECONDS)
+        conn = await asyncpg.connect(self._dsn, timeout=DATABASE_CONNECT_TIMEOUT_SECONDS)
         try:
             await conn.add_listener(CHANNEL, self._on_notify)
         except BaseException:

@@ -9,11 +9,12 @@ from types import TracebackType
 
 import asyncpg
 
+from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
 from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsError
 
 # A new connection that takes longer than this counts as the database being unreachable
 # (asyncpg's own default is 60 s: a request would hang that long in a network partition).
-CONNECT_TIMEOUT_SECONDS = 10.0
+CONNECT_TIMEOUT_SECONDS = DATABASE_CONNECT_TIMEOUT_SECONDS
 
 
 async def _reset(conn: asyncpg.Connection) -> None:
