@@ -2,16 +2,37 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
+# uv installs exactly the versions in uv.lock (docs/deploy.md, "Locked installs"). It
+# lives in a venv of its own so that syncing .venv never touches the tool doing it.
+UV_VERSION := 0.13.9
+TOOLS  := .tools
+UV     := $(TOOLS)/bin/uv
+# The machine's Python, never one uv would download.
+export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: dev test lint bench install
+.PHONY: dev test lint bench install lock image
 
-$(BIN)/ductor-streams: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e ".[test]"
+$(UV):
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
+
+# Every extra (runtime, gcs, client, dev, test, profile): the development venv. The
+# venv is made by Python's own venv module, so it keeps pip for ad-hoc installs.
+$(BIN)/ductor-streams: pyproject.toml uv.lock | $(UV)
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(UV) sync --locked --all-extras
 	touch $@
 
 install: $(BIN)/ductor-streams
+
+# After changing dependencies in pyproject.toml: re-resolve, then commit uv.lock.
+# `make lock LOCK_ARGS=--upgrade` moves every pin to the newest release allowed.
+lock: $(UV)
+	$(UV) lock $(LOCK_ARGS)
+
+# The runtime image (deploy/README.md): a Debian base made here, wheels from uv.lock.
+image: $(UV)
+	UV=$(UV) deploy/build-image.sh
 
 dev: install
 	$(BIN)/ductor-streams dev

@@ -22,7 +22,14 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    sub.add_parser("migrate", help="apply pending migrations (safe to run concurrently)")
+    migrate = sub.add_parser("migrate", help="apply pending migrations (safe to run concurrently)")
+    migrate.add_argument(
+        "--wait",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="retry while Postgres cannot be reached, up to this long (default 0)",
+    )
 
     serve = sub.add_parser("serve", help="run the HTTP app (and workers unless --no-workers)")
     serve.add_argument("--host", help="address to listen on (default DUCTOR_STREAMS_HOST)")
@@ -97,9 +104,11 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 0
     if args.command == "migrate":
-        from ductor_streams.schema.migrate import migrate
+        from ductor_streams.schema.wait import migrate_when_reachable
 
-        applied = asyncio.run(migrate(settings.require_database()))
+        if not 0 <= args.wait <= 3600:
+            raise ConfigError("--wait must be between 0 and 3600 seconds")
+        applied = asyncio.run(migrate_when_reachable(settings.require_database(), args.wait))
         for migration in applied:
             print(f"applied {migration.version:04d}_{migration.name}")
         if not applied:
