@@ -98,8 +98,10 @@ def stream_writer(
     """An async context manager writing ``stream_id`` of run ``run_id`` (default: the
     activity's workflow ID).
 
-    - ``linger``: seconds a batch's first record waits for company (0: none); a full
-      batch (``max_batch_records``, at most 1,000; ``max_batch_bytes``) goes at once.
+    - ``linger``: batches leave at most this often (seconds; 0: whenever the last
+      one has committed). A record written after a quiet spell goes at once; records
+      written sooner wait for the rest of the linger and go together. A full batch
+      (``max_batch_records``, at most 1,000; ``max_batch_bytes``) goes at once.
       Batches are also capped below the stream's unread ceilings, so one always fits.
     - ``max_pending_records``: ``write`` waits while this many are queued.
     - ``credit_timeout``: how long one batch may wait for credit. A ``block`` stream

@@ -4,11 +4,16 @@ group commit, under the stream's credit, safe across database failures and retri
 ``write`` queues a record (compact JSON, checked against the inline limit at once) and
 returns; a task of the writer sends what is queued as one append per batch, one batch
 in flight at a time, so the writer's records get ascending sequences in write order.
-A batch goes when its first record has waited ``linger`` seconds, at once when it is
-full (``max_batch_records`` / ``max_batch_bytes``) or on ``flush()`` and exit; while
-one is in flight the next fills up, so a fast writer sends large batches and a slow one
-single records after ``linger``. ``write`` waits while ``max_pending_records`` are
-queued: a stream out of credit holds the producer back.
+Batches leave at most every ``linger`` seconds: a record written after a quiet spell
+(the last batch left at least ``linger`` ago) goes at once, alone; records written
+sooner wait until ``linger`` after the last batch left, and go together. A batch goes
+at once when it is full (``max_batch_records`` / ``max_batch_bytes``) or on ``flush()``
+and exit, and while one is in flight the next fills up. So a token every 20 ms goes
+out with no added delay, and a writer as fast as it can sends large batches. (A linger
+counted from each batch's first record would delay every record of a slow writer by
+``linger`` and batch nothing: measured with 100 writers at 50 records/s each.)
+``write`` waits while ``max_pending_records`` are queued: a stream out of credit holds
+the producer back.
 
 Each batch has the idempotency key ``ds:act:<digest>:<attempt>:<n>`` (attempt.py): a
 batch whose database call failed (connection lost, server restarting) is sent again
@@ -91,7 +96,7 @@ class StreamWriter:
         self._ref: StreamRef | None = None
         self._pending: deque[bytes] = deque()
         self._pending_bytes = 0
-        self._first_at = 0.0  # loop time at which the oldest queued record was written
+        self._sent_at = float("-inf")  # loop time at which the last batch left
         self._written = 0  # records written so far
         self._sent = 0  # records committed so far
         self._flushing = False
@@ -135,8 +140,6 @@ class StreamWriter:
         while len(self._pending) >= self._max_pending:
             await self._committed.wait()
             self._check()
-        if not self._pending:
-            self._first_at = asyncio.get_running_loop().time()
         self._pending.append(raw)
         self._pending_bytes += len(raw)
         self._written += 1
@@ -290,9 +293,10 @@ class StreamWriter:
                     self._arrived.clear()
                     await self._arrived.wait()
                     continue
-                wait = self._first_at + self._linger - loop.time()
+                wait = self._sent_at + self._linger - loop.time()
                 if wait > 0 and not self._flushing and not self._closing and not self._full():
                     await asyncio.sleep(wait)
+                self._sent_at = loop.time()
                 raws = self._take()
                 if not self._pending:
                     self._flushing = False
@@ -320,7 +324,6 @@ class StreamWriter:
             raws.append(pending.popleft())
             size += len(raw)
         self._pending_bytes -= size
-        # What is left has waited long enough already: it goes next, without a linger.
         return raws
 
     def _committed_batch(self, result: AppendResult, count: int, *, data: bool = False) -> None:
