@@ -12,6 +12,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from ductor_streams.plugin.activity import stream_reader, stream_writer
+from ductor_streams.plugin.activity.attempt import attempt_state
 from tests.temporal.stream_workflows import (
     READ_MESSAGES,
     WRITE_TOKENS,
@@ -30,6 +31,8 @@ TokenHook = Callable[[int, int], Awaitable[None]]
 async def write_tokens(request: TokensInput) -> TokensResult:
     attempt = activity.info().attempt
     hook: TokenHook | None = HOOKS.get("on_token")
+    written = attempt_state().previous_writers.get(f"{activity.info().workflow_id}/output")
+    heartbeat = [[a["attempt"], a["data"]] for a in (written or {}).get("attempts", [])]
     async with stream_writer(request.stream_id) as out:
         for i in range(request.tokens):
             if attempt == 1 and request.fail_after and i == request.fail_after:
@@ -45,7 +48,7 @@ async def write_tokens(request: TokensInput) -> TokensResult:
         last = out.last_sequence
     HOOKS.setdefault("finished", []).append((attempt, time.monotonic()))
     assert last is not None
-    return TokensResult(attempt, last, earlier)
+    return TokensResult(attempt, last, earlier, heartbeat)
 
 
 @activity.defn(name=READ_MESSAGES)

@@ -36,6 +36,8 @@ class TokensResult:
     attempt: int
     last_sequence: int
     earlier_records: list[int]
+    # What the heartbeat details of earlier attempts said they wrote: [attempt, ranges].
+    heartbeat: list[Any] = field(default_factory=list)
 
 
 @workflow.defn

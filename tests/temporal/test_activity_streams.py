@@ -194,7 +194,13 @@ async def test_retried_attempt_appends_a_marker_and_no_token_twice_despite_kille
     second = [{"token": i, "attempt": 2} for i in range(tokens)]
     assert [p for _, p in records] == [*first, marker, *second]
     assert [s for s, _ in records] == list(range(1, len(records) + 1))
-    assert result == TokensResult(attempt=2, last_sequence=len(records), earlier_records=[50])
+    # Attempt 2 knew from attempt 1's last heartbeat details what it had written.
+    assert result == TokensResult(
+        attempt=2,
+        last_sequence=len(records),
+        earlier_records=[fail_after],
+        heartbeat=[[1, [[1, fail_after]]]],
+    )
 
 
 @pytest.mark.timeout(120)

@@ -45,6 +45,8 @@ class AttemptState:
         self.readers: dict[str, int] = {
             k: int(v) for k, v in (previous.get("readers") or {}).items()
         }
+        # Per stream written: its progress, or a callable giving it (an open writer's,
+        # built only when a heartbeat goes out).
         self.writers: dict[str, Any] = dict(self.previous_writers)
         self.user: Any = previous.get("user")
         self._batches: dict[int, int] = {}
@@ -83,7 +85,11 @@ class AttemptState:
 
     def details(self) -> dict[str, Any]:
         return {
-            HEARTBEAT_KEY: {"writers": self.writers, "readers": self.readers, "user": self.user}
+            HEARTBEAT_KEY: {
+                "writers": {k: v() if callable(v) else v for k, v in self.writers.items()},
+                "readers": self.readers,
+                "user": self.user,
+            }
         }
 
     def _on_timer(self) -> None:

@@ -208,6 +208,8 @@ class StreamWriter:
                     self._task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await self._task
+            if self._state.writers.get(self._writer_key()) == self.progress:
+                self._state.writers[self._writer_key()] = self.progress()  # frozen
             self._state.closed()
 
     # -- retries of the activity ------------------------------------------------------------
@@ -339,17 +341,18 @@ class StreamWriter:
         committed.set()
 
     def _record_progress(self) -> None:
-        """This attempt's output into the heartbeat details, after the earlier ones."""
+        """Heartbeat this attempt's output (``progress``, built when the heartbeat goes)."""
+        self._state.writers[self._writer_key()] = self.progress
+        self._state.heartbeat()
+
+    def progress(self) -> dict[str, Any]:
+        """What the attempts so far appended (the heartbeat details of this stream)."""
         attempts = [
             {"attempt": o.attempt, "data": [list(r) for r in o.ranges]}
             for o in self.earlier_attempts
         ]
         attempts.append({"attempt": self.attempt, "data": self._progress["ranges"]})
-        self._state.writers[self._writer_key()] = {
-            "attempts": attempts,
-            "last_sequence": self.last_sequence,
-        }
-        self._state.heartbeat()
+        return {"attempts": attempts, "last_sequence": self.last_sequence}
 
     async def _append(self, batch: EncodedBatch) -> AppendResult:
         """One batch, again with the same key while the database is unavailable (for at
