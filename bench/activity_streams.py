@@ -1,0 +1,420 @@
+"""Benchmark: records streamed from inside activities (``plugin.activity.stream_writer``)
+to SSE, beside the same load through the workflow's ``append`` helper and over HTTP,
+all in one run.
+
+    python -m bench.activity_streams [--streams 100] [--rate 50] [--seconds 10]
+                                     [--single-tokens 30000] [--single-http-seconds 5]
+                                     [--single-workflow-tokens 200] [--json out.json]
+
+Everything is real: Postgres (a fresh database on $DUCTOR_STREAMS_BENCH_DATABASE_URL, else
+$DUCTOR_STREAMS_TEST_DATABASE_URL, else an embedded one), a Temporal dev server, one
+``ductor-streams serve --no-workers`` subprocess, one worker process
+(``bench.activity_streams_worker``: the workflows and activities, with the StreamsPlugin,
+on the default event loop) and the SSE followers in a process of their own
+(``bench.sse_followers``). Each record's payload carries the wall time at which it was
+made (``t``); its latency is the follower's receive time minus ``t`` (one host clock).
+
+1. ``single``: one producer as fast as it can, one follower.
+   - ``activity``: one activity writes ``--single-tokens`` single-token records with
+     ``stream_writer`` (default settings); records/s = tokens / (first write -> flush).
+   - ``workflow_append``: a workflow appends ``--single-workflow-tokens`` records, one
+     ``append`` helper call (one activity) each; ``t`` is ``workflow.now()``.
+   - ``http``: one keep-alive connection POSTs one-record appends back to back for
+     ``--single-http-seconds``.
+2. ``concurrent``: ``--streams`` streams each getting ``--rate`` records/s for
+   ``--seconds``, one follower per stream.
+   - ``activity``: one activity per stream writes them with ``stream_writer`` as it
+     makes them.
+   - ``answer``: one activity per stream makes them at the same pace and returns them
+     all; the workflow then appends them with ``append_many`` (what activities had to
+     do before ``stream_writer``: the UI sees nothing until the answer is complete).
+   - ``http``: one raw keep-alive connection per stream POSTs each record as it is made.
+   Server and worker CPU: user+system time of the process over the load (/proc), as
+   cores (CPU seconds per wall second) and microseconds per record; also the followers'
+   process and the whole machine (``machine``: busy cores of all, from /proc/stat,
+   whoever used them: Postgres, Temporal, the load's own clients, anyone else).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import secrets
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+from temporalio.client import Client
+from temporalio.testing import WorkflowEnvironment
+
+from bench.activity_streams_workflows import (
+    TASK_QUEUE,
+    BenchTokensWorkflow,
+    TokensReport,
+    TokensRequest,
+)
+from bench.environment import (
+    HTTP_LIMITS,
+    bench_token,
+    isolated_database,
+    postgres_server,
+    process_cpu_seconds,
+)
+from ductor_streams.config import Settings
+from ductor_streams.schema.migrate import migrate
+from tests.support.server import ServerProcess, settings_env
+
+API = "/api/workflow-streams"
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {"n": len(ordered), "p50_ms": pick(0.5), "p99_ms": pick(0.99), "max_ms": pick(1.0)}
+
+
+class Bench:
+    def __init__(self, server: ServerProcess, token: str, client: Client, worker_pid: int) -> None:
+        self.server = server
+        self.token = token
+        self.client = client
+        self.worker_pid = worker_pid
+        self.http = httpx.AsyncClient(
+            base_url=server.url,
+            headers={"Authorization": f"Bearer {token}"},
+            limits=HTTP_LIMITS,
+            timeout=60,
+        )
+
+    async def create_streams(self, run_ids: list[str]) -> None:
+        """The streams the workflows create too (same definition: their create finds them),
+        made first so that the followers are connected before the first record."""
+        limit = asyncio.Semaphore(16)
+
+        async def one(run_id: str) -> None:
+            async with limit:
+                answer = await self.http.post(
+                    f"{API}/runs/{run_id}/streams",
+                    json={
+                        "stream_id": "output",
+                        "direction": "output",
+                        "content_class": "model_output",
+                    },
+                )
+                assert answer.status_code in (200, 201), answer.text
+
+        await asyncio.gather(*(one(r) for r in run_ids))
+
+    def paths(self, run_ids: list[str]) -> list[str]:
+        return [f"{API}/runs/{r}/streams/output/subscribe" for r in run_ids]
+
+    async def follow(self, run_ids: list[str]) -> subprocess.Popen[str]:
+        config = {
+            "host": "127.0.0.1",
+            "port": self.server.port,
+            "token": self.token,
+            "paths": self.paths(run_ids),
+        }
+        process = start_followers(config)
+        assert process.stdout is not None
+        line = await asyncio.to_thread(process.stdout.readline)
+        assert line.strip() == "ready", line
+        return process
+
+    async def collected(
+        self, followers: subprocess.Popen[str], expected: int
+    ) -> tuple[list[float], dict[str, int]]:
+        """Stop the followers (after the last records had a moment to arrive)."""
+        await asyncio.sleep(1.0)
+        assert followers.stdin is not None and followers.stdout is not None
+        followers.stdin.write("stop\n")
+        followers.stdin.flush()
+        line = await asyncio.to_thread(followers.stdout.readline)
+        followers.wait(10)
+        results = json.loads(line)
+        latencies = [v for r in results for v in r["latencies"]]
+        in_store = [v for r in results for v in r["in_store"]]
+        in_order = sum(r["sequences"] == list(range(1, len(r["sequences"]) + 1)) for r in results)
+        check = {
+            "received": len(latencies),
+            "expected": expected,
+            "streams_in_order_without_repeats": in_order,
+            # made -> the appending transaction began (the rest is commit -> SSE)
+            "made_to_transaction": percentiles(in_store),
+        }
+        return latencies, check
+
+    def cpu(self) -> tuple[float, float]:
+        return process_cpu_seconds(self.server.process.pid), process_cpu_seconds(  # type: ignore[union-attr]
+            self.worker_pid
+        )
+
+    async def workflows(self, mode: str, run_ids: list[str], tokens: int, rate: float) -> list[Any]:
+        start_at = time.time() + 1.0 + 0.01 * len(run_ids)  # after every start below
+        handles = [
+            await self.client.start_workflow(
+                BenchTokensWorkflow.run,
+                TokensRequest(mode, tokens, rate, start_at),
+                id=run_id,
+                task_queue=TASK_QUEUE,
+            )
+            for run_id in run_ids
+        ]
+        return list(await asyncio.gather(*(h.result() for h in handles)))
+
+    # -- single ------------------------------------------------------------------------
+
+    async def single_activity(self, tokens: int) -> dict[str, Any]:
+        run_id = f"one-act-{uuid.uuid4().hex[:8]}"
+        await self.create_streams([run_id])
+        followers = await self.follow([run_id])
+        (report,) = await self.workflows("activity", [run_id], tokens, 0.0)
+        latencies, check = await self.collected(followers, tokens)
+        assert isinstance(report, TokensReport)
+        return {
+            "records_per_s": round(report.records / report.seconds),
+            "token_to_sse": percentiles(latencies),
+            **check,
+        }
+
+    async def single_workflow(self, tokens: int) -> dict[str, Any]:
+        run_id = f"one-wf-{uuid.uuid4().hex[:8]}"
+        await self.create_streams([run_id])
+        followers = await self.follow([run_id])
+        (report,) = await self.workflows("each", [run_id], tokens, 0.0)
+        latencies, check = await self.collected(followers, tokens)
+        return {
+            "records_per_s": round(report.records / report.seconds, 1),
+            "token_to_sse": percentiles(latencies),
+            **check,
+        }
+
+    async def single_http(self, seconds: float) -> dict[str, Any]:
+        run_id = f"one-http-{uuid.uuid4().hex[:8]}"
+        await self.create_streams([run_id])
+        followers = await self.follow([run_id])
+        connection = await RawAppender.open(self.server, self.token, run_id)
+        count = 0
+        started = time.monotonic()
+        while time.monotonic() - started < seconds:
+            await connection.append(count)
+            count += 1
+        elapsed = time.monotonic() - started
+        connection.close()
+        latencies, check = await self.collected(followers, count)
+        return {
+            "records_per_s": round(count / elapsed),
+            "token_to_sse": percentiles(latencies),
+            **check,
+        }
+
+    # -- concurrent ----------------------------------------------------------------------
+
+    async def concurrent(self, mode: str, streams: int, rate: float, seconds: float) -> Any:
+        run_ids = [f"{mode}-{uuid.uuid4().hex[:8]}" for _ in range(streams)]
+        tokens = int(rate * seconds)
+        await self.create_streams(run_ids)
+        followers = await self.follow(run_ids)
+        server0, worker0 = self.cpu()
+        followers0, machine0 = process_cpu_seconds(followers.pid), machine_busy_seconds()
+        started = time.monotonic()
+        if mode == "http":
+            connections = [await RawAppender.open(self.server, self.token, r) for r in run_ids]
+            start_at = time.monotonic() + 0.5
+
+            async def lane(connection: RawAppender) -> None:
+                for i in range(tokens):
+                    wait = start_at + i / rate - time.monotonic()
+                    if wait > 0:
+                        await asyncio.sleep(wait)
+                    await connection.append(i)
+
+            await asyncio.gather(*(lane(c) for c in connections))
+            for connection in connections:
+                connection.close()
+        else:
+            await self.workflows(mode, run_ids, tokens, rate)
+        elapsed = time.monotonic() - started
+        server1, worker1 = self.cpu()
+        followers1, machine1 = process_cpu_seconds(followers.pid), machine_busy_seconds()
+        latencies, check = await self.collected(followers, tokens * streams)
+        records = tokens * streams
+        return {
+            "delivery": percentiles(latencies),
+            "server_cores": round((server1 - server0) / elapsed, 3),
+            "server_us_per_record": round((server1 - server0) / records * 1e6, 1),
+            "worker_cores": round((worker1 - worker0) / elapsed, 3),
+            "worker_us_per_record": round((worker1 - worker0) / records * 1e6, 1),
+            "followers_cores": round((followers1 - followers0) / elapsed, 3),
+            "machine_busy_cores": round((machine1 - machine0) / elapsed, 2),
+            "wall_s": round(elapsed, 2),
+            **check,
+        }
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds every core of the machine spent not idle so far (/proc/stat)."""
+    fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    idle = fields[3] + fields[4]  # idle, iowait
+    return (sum(fields[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class RawAppender:
+    """One keep-alive connection POSTing one-record appends ``{"i": n, "t": now}``."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, head: str):
+        self.reader = reader
+        self.writer = writer
+        self.head = head
+
+    @classmethod
+    async def open(cls, server: ServerProcess, token: str, run_id: str) -> RawAppender:
+        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
+        head = (
+            f"POST {API}/runs/{run_id}/streams/output/records HTTP/1.1\r\nHost: bench\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\n"
+        )
+        return cls(reader, writer, head)
+
+    async def append(self, i: int) -> None:
+        body = f'{{"records":[{{"payload":{{"i":{i},"t":{time.time()!r}}}}}]}}'.encode()
+        self.writer.write(f"{self.head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        status = head[9:12]
+        length = 0
+        for line in head.split(b"\r\n"):
+            if line.lower().startswith(b"content-length:"):
+                length = int(line.split(b":", 1)[1])
+        await self.reader.readexactly(length)
+        if status != b"201":
+            raise RuntimeError(f"append answered {head!r}")
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def start_followers(config: dict[str, Any]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "bench.sse_followers", json.dumps(config)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+
+def start_worker(settings: Settings, log_path: Path) -> subprocess.Popen[bytes]:
+    with open(log_path, "ab") as log:
+        return subprocess.Popen(
+            [sys.executable, "-m", "bench.activity_streams_worker"],
+            env={**os.environ, **settings_env(settings)},
+            stdout=log,
+            stderr=log,
+        )
+
+
+async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, Any]:
+    await migrate(dsn)
+    env = await WorkflowEnvironment.start_local(
+        dev_server_existing_path=str(Path(sys.executable).with_name("temporal")),
+        dev_server_log_level="error",
+    )
+    secret = secrets.token_urlsafe(32)
+    settings = Settings(
+        database_url=dsn,
+        jwt_secret=secret,
+        region="local",
+        tenant="bench",
+        temporal_address=env.client.service_client.config.target_host,
+    )
+    worker = start_worker(settings, workdir / "worker.log")
+    try:
+        with ServerProcess(settings, log_path=workdir / "serve.log") as server:
+            while "polling" not in (workdir / "worker.log").read_text(errors="replace"):
+                if worker.poll() is not None:
+                    raise RuntimeError(f"the worker exited: see {workdir / 'worker.log'}")
+                await asyncio.sleep(0.1)
+            bench = Bench(server, bench_token(secret), env.client, worker.pid)
+            result: dict[str, Any] = {"single": {}, "concurrent": {}}
+            result["single"]["activity"] = await bench.single_activity(args.single_tokens)
+            result["single"]["workflow_append"] = await bench.single_workflow(
+                args.single_workflow_tokens
+            )
+            result["single"]["http"] = await bench.single_http(args.single_http_seconds)
+            for mode in ("activity", "answer", "http"):
+                result["concurrent"][mode] = await bench.concurrent(
+                    mode, args.streams, args.rate, args.seconds
+                )
+            await bench.http.aclose()
+            return result
+    finally:
+        worker.kill()
+        worker.wait(10)
+        await env.shutdown()
+
+
+def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
+    single = result["single"]
+    print("\none producer as fast as it can, one SSE follower")
+    print(f"{'path':<18}{'records/s':>12}{'p50 ms':>10}{'p99 ms':>10}{'received':>10}")
+    for path, row in single.items():
+        lat = row["token_to_sse"]
+        print(
+            f"{path:<18}{row['records_per_s']:>12}{lat.get('p50_ms', '-'):>10}"
+            f"{lat.get('p99_ms', '-'):>10}{row['received']:>10}"
+        )
+    base = single["http"]["records_per_s"]
+    print(f"activity / http records/s: {single['activity']['records_per_s'] / base:.2f}")
+    print(
+        f"\n{args.streams} streams x {args.rate:g} records/s for {args.seconds:g} s, one SSE "
+        "follower each"
+    )
+    print(
+        f"{'path':<10}{'p50 ms':>10}{'p99 ms':>10}{'server cores':>14}{'us/rec':>8}"
+        f"{'worker cores':>14}{'us/rec':>8}{'machine':>9}{'received':>10}{'in order':>10}"
+    )
+    for path, row in result["concurrent"].items():
+        lat = row["delivery"]
+        print(
+            f"{path:<10}{lat.get('p50_ms', '-'):>10}{lat.get('p99_ms', '-'):>10}"
+            f"{row['server_cores']:>14}{row['server_us_per_record']:>8}"
+            f"{row['worker_cores']:>14}{row['worker_us_per_record']:>8}"
+            f"{row['machine_busy_cores']:>9}{row['received']:>10}{row['streams_in_order_without_repeats']:>10}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.activity_streams", description=__doc__)
+    parser.add_argument("--streams", type=int, default=100)
+    parser.add_argument("--rate", type=float, default=50.0)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--single-tokens", type=int, default=30_000)
+    parser.add_argument("--single-workflow-tokens", type=int, default=200)
+    parser.add_argument("--single-http-seconds", type=float, default=5.0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    workdir = Path(tempfile.mkdtemp(prefix="bench-activity-streams-"))
+    with postgres_server() as server_dsn, isolated_database(server_dsn) as dsn:
+        result = asyncio.run(_run(args, dsn, workdir))
+    if args.json:
+        args.json.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result, indent=2))
+    print_tables(result, args)
+    sys.stdout.flush()
+    # temporalio's core may crash the interpreter at exit (sdk-python#300): keep rc 0.
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,110 @@
+"""SSE followers in a process of their own, for ``bench.activity_streams``: one raw
+keep-alive connection per stream (uvloop, no HTTP client library), timing each record
+against the wall time its producer put in the payload (``"t"``).
+
+    python -m bench.sse_followers <json config>
+
+The config: ``{"host", "port", "token", "paths": [subscribe paths]}``. It connects every
+path (from cursor 0), prints ``ready``, and on a line on stdin prints one JSON line:
+per path the sequences received, the latencies in ms (receive wall time - ``t``) and the
+part of each up to the start of the transaction that appended it (``appended_at - t``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from datetime import datetime
+from typing import Any
+
+
+class Follower(asyncio.Protocol):
+    """One SSE response: undoes the chunked framing and parses the ``data:`` lines of
+    ``record`` events as they arrive."""
+
+    def __init__(self) -> None:
+        self.raw = b""
+        self.body = b""
+        self.chunked = False
+        self.chunk_left = 0
+        self.sequences: list[int] = []
+        self.latencies: list[float] = []
+        self.in_store: list[float] = []  # made -> its transaction began (appended_at)
+        self.started = asyncio.get_running_loop().create_future()
+
+    def data_received(self, data: bytes) -> None:
+        now = time.time()
+        self.raw += data
+        if not self.started.done():
+            head, sep, rest = self.raw.partition(b"\r\n\r\n")
+            if not sep:
+                return
+            if b" 200 " not in head.split(b"\r\n", 1)[0]:
+                self.started.set_exception(RuntimeError(head.decode(errors="replace")))
+                return
+            self.chunked = b"chunked" in head.lower()
+            self.started.set_result(None)
+            self.raw = rest
+        if self.chunked:
+            self._dechunk()
+        else:
+            self.body, self.raw = self.body + self.raw, b""
+        *frames, self.body = self.body.split(b"\n\n")
+        for frame in frames:
+            for line in frame.split(b"\n"):
+                if line.startswith(b"data: "):
+                    record = json.loads(line[6:])
+                    if "sequence" in record:
+                        self.sequences.append(record["sequence"])
+                        made = record["payload"]["t"]
+                        self.latencies.append((now - made) * 1000)
+                        appended = datetime.fromisoformat(record["appended_at"]).timestamp()
+                        self.in_store.append((appended - made) * 1000)
+
+    def _dechunk(self) -> None:
+        while self.raw:
+            if self.chunk_left == 0:
+                end = self.raw.find(b"\r\n")
+                if end < 0:
+                    return
+                line, self.raw = self.raw[:end], self.raw[end + 2 :]
+                if line:  # else the CRLF that ends a chunk's data
+                    self.chunk_left = int(line.split(b";")[0], 16)
+                continue
+            piece = self.raw[: self.chunk_left]
+            self.body += piece
+            self.raw = self.raw[len(piece) :]
+            self.chunk_left -= len(piece)
+
+
+async def main(config: dict[str, Any]) -> None:
+    loop = asyncio.get_running_loop()
+    followers: list[Follower] = []
+    for path in config["paths"]:
+        transport, follower = await loop.create_connection(Follower, config["host"], config["port"])
+        transport.write(
+            f"GET {path}?cursor=0 HTTP/1.1\r\nHost: bench\r\n"
+            f"Authorization: Bearer {config['token']}\r\nAccept: text/event-stream\r\n\r\n".encode()
+        )
+        followers.append(follower)
+    await asyncio.gather(*(f.started for f in followers))
+    print("ready", flush=True)
+    await loop.run_in_executor(None, sys.stdin.readline)
+    print(
+        json.dumps(
+            [
+                {"sequences": f.sequences, "latencies": f.latencies, "in_store": f.in_store}
+                for f in followers
+            ]
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    import uvloop
+
+    uvloop.install()
+    asyncio.run(main(json.loads(sys.argv[1])))
