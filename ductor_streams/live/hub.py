@@ -55,7 +55,18 @@ class NotificationHub:
         self.reconnects = 0
 
     async def start(self) -> None:
-        await self._connect()
+        """Open the LISTEN connection; when the database cannot be reached now, keep
+        trying in the background (followers poll meanwhile) instead of failing."""
+        # Here, not at the top: store/ imports this module (an import cycle otherwise).
+        from ductor_streams.store.db import database_unavailable
+
+        try:
+            await self._connect()
+        except Exception as exc:
+            if not database_unavailable(exc):
+                raise
+            log.warning("LISTEN connection unavailable at start; retrying in the background")
+            self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def close(self) -> None:
         self._closed = True

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Iterator
 from types import TracebackType
 
@@ -16,6 +17,8 @@ from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsErro
 # (asyncpg's own default is 60 s: a request would hang that long in a network partition).
 CONNECT_TIMEOUT_SECONDS = DATABASE_CONNECT_TIMEOUT_SECONDS
 
+log = logging.getLogger(__name__)
+
 
 async def _reset(conn: asyncpg.Connection) -> None:
     # Pooled connections never LISTEN, SET or take session locks, so asyncpg's default
@@ -26,7 +29,29 @@ async def _reset(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
-    """A pool for the store. Connections are cheap to release (see ``_reset``)."""
+    """A pool for the store. Connections are cheap to release (see ``_reset``).
+
+    When the database cannot be reached at start (a managed database in maintenance, a
+    failover under way, the database container still starting), the pool starts empty
+    instead of failing: requests answer 503 ``database_unavailable`` and ``/readyz`` 503
+    until it answers, and then connections open as requests need them.
+    """
+    try:
+        pool = await _open_pool(dsn, min_size, max_size)
+    except Exception as exc:
+        if not database_unavailable(exc) or min_size == 0:
+            raise
+        log.warning(
+            "database unavailable at start; connecting on demand",
+            extra={"error_type": type(exc).__name__},
+        )
+        pool = await _open_pool(dsn, 0, max_size)
+    _POOLS[:] = [p for p in _POOLS if not p.is_closing()]
+    _POOLS.append(pool)
+    return pool
+
+
+async def _open_pool(dsn: str, min_size: int, max_size: int) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
@@ -37,8 +62,6 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asy
         timeout=CONNECT_TIMEOUT_SECONDS,
     )
     assert pool is not None
-    _POOLS[:] = [p for p in _POOLS if not p.is_closing()]
-    _POOLS.append(pool)
     return pool
 
 
