@@ -16,8 +16,15 @@ WorkerFactory = Callable[[Any], contextlib.AbstractAsyncContextManager[None]]
 
 
 def worker_services(settings: Settings) -> list[WorkerFactory]:
-    """The workers this deployment runs (dispatcher, maintenance), in start order."""
-    services: list[WorkerFactory] = []
+    """The workers this deployment runs (maintenance, dispatcher), in start order.
+
+    They stop in the reverse order, so on SIGTERM the dispatcher hands its claimed
+    deliveries back first, before upkeep stops: another dispatcher takes them sooner.
+    """
+    # Upkeep (retention, expiry, orphans, deletions) needs only Postgres and the stores.
+    from ductor_streams.maintenance import maintenance_worker
+
+    services: list[WorkerFactory] = [maintenance_worker(settings)]
     # Input delivery needs Temporal; without an address it is off (and said so), so that
     # a deployment without input streams runs the other workers alone. The address may
     # come from DUCTOR_STREAMS_TEMPORAL_ADDRESS, TEMPORAL_ADDRESS or a TEMPORAL_PROFILE;
@@ -35,10 +42,6 @@ def worker_services(settings: Settings) -> list[WorkerFactory]:
             "input delivery is off: no Temporal address"
             " (DUCTOR_STREAMS_TEMPORAL_ADDRESS, TEMPORAL_ADDRESS or a TEMPORAL_PROFILE)"
         )
-    # Upkeep (retention, expiry, orphans, deletions) needs only Postgres and the stores.
-    from ductor_streams.maintenance import maintenance_worker
-
-    services.append(maintenance_worker(settings))
     return services
 
 
