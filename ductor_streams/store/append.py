@@ -140,6 +140,7 @@ class Appender:
         *,
         max_statements: int = MAX_STATEMENTS,
     ) -> None:
+        self._pool = pool
         self._connection = HeldConnection(pool)  # kept across back-to-back statements
         self._lanes: dict[int, _Lane] = {}
         self._ready: dict[int, None] = {}  # lanes with requests and no group in flight
@@ -333,26 +334,72 @@ class Appender:
     ) -> tuple[list[Outcome], datetime]:
         """The outcome of each request, and the transaction's ``appended_at``."""
         self.statements += 1
-        rows = await self._connection.fetch(
-            QUERIES["records_append_group"], stream_pk, *await arguments_for(batches), notify_inline
-        )
+        if _staged(batches):
+            counts, keys, hashes, _, sizes, objects = statement_arguments(batches, joined=False)
+            rows = await self._fetch_staged(
+                batches,
+                QUERIES["records_append_group_staged"],
+                stream_pk,
+                counts,
+                keys,
+                hashes,
+                sizes,
+                objects,
+                notify_inline,
+            )
+        else:
+            rows = await self._connection.fetch(
+                QUERIES["records_append_group"],
+                stream_pk,
+                *statement_arguments(batches),
+                notify_inline,
+            )
         outcomes = [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
         return outcomes, rows[0]["appended_at"]
+
+    async def _fetch_staged(
+        self, batches: list[EncodedBatch], query: str, *args: Any
+    ) -> list[asyncpg.Record]:
+        """Run a staged append statement: its payloads COPYed first, in one transaction
+        on a pool connection of its own (beside the held one)."""
+        payloads = ((index, p) for index, p in enumerate(p for b in batches for p in b.payloads))
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(QUERIES["append_stage_payloads"])
+            await conn.copy_records_to_table("append_staged_payloads", records=payloads)
+            rows: list[asyncpg.Record] = await conn.fetch(query, *args)
+        return rows
 
     async def _call_many(
         self, groups: list[tuple[int, list[EncodedBatch]]], notify_inline: bool
     ) -> tuple[list[list[Outcome]], datetime]:
         """Each group's outcomes, and the transaction's ``appended_at``."""
         self.statements += 1
-        arguments = await arguments_for([batch for _, group in groups for batch in group])
-        rows = await self._connection.fetch(
-            QUERIES["records_append_stream_groups"],
+        batches = [batch for _, group in groups for batch in group]
+        shape = (
             [stream_pk for stream_pk, _ in groups],
             [len(group) for _, group in groups],
             [sum(b.count for b in group) for _, group in groups],
-            *arguments,
-            notify_inline,
         )
+        if _staged(batches):
+            counts, keys, hashes, _, sizes, objects = statement_arguments(batches, joined=False)
+            rows = await self._fetch_staged(
+                batches,
+                QUERIES["records_append_stream_groups_staged"],
+                *shape,
+                counts,
+                keys,
+                hashes,
+                sizes,
+                objects,
+                notify_inline,
+            )
+        else:
+            rows = await self._connection.fetch(
+                QUERIES["records_append_stream_groups"],
+                *shape,
+                *statement_arguments(batches),
+                notify_inline,
+            )
         outcomes: list[list[Outcome]] = [[] for _ in groups]
         for r in rows:
             outcomes[r["group_index"] - 1].append(
@@ -361,12 +408,17 @@ class Appender:
         return outcomes, rows[0]["appended_at"]
 
 
-# A statement carrying more payload bytes than this builds its arguments in a turn of
-# the event loop of its own (``arguments_for``): joining them and encoding them for
-# sending cost ~0.5 ms per MiB each (a 60 MB batch: ~50 ms to join and check, ~40 ms
-# for asyncpg), and in one turn they would hold the loop near 100 ms. Small statements
-# go out in the turn that decided them.
-LARGE_STATEMENT_BYTES = 1024 * 1024
+# A statement carrying more payload bytes than this sends them with COPY, in chunks, in
+# its own transaction (``_fetch_staged``; append_stage_payloads in wakes.sql), instead of
+# as one argument: asyncpg builds and writes a statement's whole Bind message in one
+# step, ~80 ms of the event loop for a 60 MB batch, while COPY yields between chunks
+# (measured: 5-45 ms at most for the same 1,000 x 64 KB). Smaller statements go as one
+# argument, on the held connection, from the turn that decided them.
+STAGED_STATEMENT_BYTES = 8 * 1024 * 1024
+
+
+def _staged(batches: list[EncodedBatch]) -> bool:
+    return sum(sum(batch.sizes) for batch in batches) > STAGED_STATEMENT_BYTES
 
 
 def committed_records(
@@ -402,10 +454,11 @@ def _outcome_unknown(exc: asyncpg.PostgresError) -> bool:
 RECORD_SEPARATOR = "\x1e"
 
 
-def statement_arguments(batches: list[EncodedBatch]) -> tuple[Any, ...]:
+def statement_arguments(batches: list[EncodedBatch], *, joined: bool = True) -> tuple[Any, ...]:
     """The append statements' request and record arguments, in order: per request counts,
     keys, hashes; the records' payloads and sizes joined into one text each, and their
-    objects (None when no record has one)."""
+    objects (None when no record has one). ``joined=False`` leaves the payloads out
+    (None in their place): a staged statement COPYs them instead."""
     payloads: list[str] = []
     sizes: list[int] = []
     objects: list[str | None] = []
@@ -413,13 +466,15 @@ def statement_arguments(batches: list[EncodedBatch]) -> tuple[Any, ...]:
         payloads.extend(batch.payloads)
         sizes.extend(batch.sizes)
         objects.extend(batch.objects)
-    joined = RECORD_SEPARATOR.join(payloads)
-    _check_separators(joined, len(payloads))
+    text = None
+    if joined:
+        text = RECORD_SEPARATOR.join(payloads)
+        _check_separators(text, len(payloads))
     return (
         [b.count for b in batches],
         [b.idempotency_key for b in batches],
         [b.request_hash for b in batches],
-        joined,
+        text,
         ",".join(map(str, sizes)),
         objects if any(o is not None for o in objects) else None,
     )
@@ -429,17 +484,6 @@ def _check_separators(joined: str, count: int) -> None:
     if joined.count(RECORD_SEPARATOR) != count - 1:
         # Compact JSON escapes control characters; a payload from elsewhere might not.
         raise ValueError("a payload holds the record separator U+001E unescaped")
-
-
-async def arguments_for(batches: list[EncodedBatch]) -> tuple[Any, ...]:
-    """``statement_arguments``; for a statement over ``LARGE_STATEMENT_BYTES`` the event
-    loop gets a turn after it, before asyncpg encodes the arguments for sending."""
-    if sum(sum(batch.sizes) for batch in batches) <= LARGE_STATEMENT_BYTES:
-        return statement_arguments(batches)
-    await asyncio.sleep(0)  # after the decisions of this turn: the join is its own turn
-    arguments = statement_arguments(batches)
-    await asyncio.sleep(0)
-    return arguments
 
 
 def _settle(future: asyncio.Future[Outcome], exc: BaseException) -> None:

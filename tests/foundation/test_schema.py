@@ -42,12 +42,18 @@ async def test_every_named_query_prepares_against_a_fresh_migrated_database(test
             }
             assert SPEC_TABLES <= tables
             # Preparing a statement makes Postgres resolve every table, column, function
-            # and type it names: the schema the code expects is the schema we have.
-            for name, sql in QUERIES.items():
-                try:
-                    await conn.prepare(sql)
-                except asyncpg.PostgresError as exc:
-                    raise AssertionError(f"query {name} does not fit the schema: {exc}") from exc
+            # and type it names: the schema the code expects is the schema we have. The
+            # staged append statements read a temporary table that exists only inside
+            # their transaction, so they are prepared where it does.
+            async with conn.transaction():
+                await conn.execute(QUERIES["append_stage_payloads"])
+                for name, sql in QUERIES.items():
+                    try:
+                        await conn.prepare(sql)
+                    except asyncpg.PostgresError as exc:
+                        raise AssertionError(
+                            f"query {name} does not fit the schema: {exc}"
+                        ) from exc
         finally:
             await conn.close()
     finally:

@@ -23,6 +23,35 @@ SELECT request_index, outcome, first_sequence, last_sequence, now() AS appended_
 SELECT count(pg_notify('workflow_streams', w))
   FROM unnest($1::text[]) w, set_config('synchronous_commit', 'off', true);
 
+-- name: append_stage_payloads
+-- A statement's payloads, for one that carries more than store/append.py's
+-- STAGED_STATEMENT_BYTES: they are COPYed here in the statement's own transaction, in
+-- chunks (one Bind message of 60 MB holds the client's event loop ~80 ms), and the
+-- staged forms of the append statements below read them back in order.
+CREATE TEMP TABLE append_staged_payloads (ord integer, payload text) ON COMMIT DROP;
+
+-- name: records_append_group_staged
+-- records_append_group with its payloads from append_staged_payloads: $5 sizes joined
+-- by commas, $6 objects, $7 NOTIFY at commit or not.
+SELECT request_index, outcome, first_sequence, last_sequence, now() AS appended_at
+  FROM workflow_streams.append_requests($1, $2::integer[], $3::text[], $4::text[],
+                                        (SELECT array_agg(payload ORDER BY ord)
+                                           FROM append_staged_payloads),
+                                        string_to_array($5::text, ',')::integer[],
+                                        $6::jsonb[], $7::boolean);
+
+-- name: records_append_stream_groups_staged
+-- records_append_stream_groups with its payloads from append_staged_payloads: $7 sizes,
+-- $8 objects, $9 NOTIFY at commit or not.
+SELECT group_index, request_index, outcome, first_sequence, last_sequence,
+       now() AS appended_at
+  FROM workflow_streams.append_stream_groups($1::bigint[], $2::integer[], $3::integer[],
+                                             $4::integer[], $5::text[], $6::text[],
+                                             (SELECT array_agg(payload ORDER BY ord)
+                                                FROM append_staged_payloads),
+                                             string_to_array($7::text, ',')::integer[],
+                                             $8::jsonb[], $9);
+
 -- name: records_append_stream_groups
 -- The groups of several streams (ascending stream_pk) in one transaction; records travel
 -- as in records_append_group ($7, $8, $9); $10: NOTIFY at commit or not.
