@@ -26,7 +26,7 @@ from temporalio.client import Client
 from ductor_streams.auth import SCOPES, issue_token
 from tests.conftest import repo_root
 from tests.deploy.engine import Engine
-from tests.deploy.test_image import free_port
+from tests.deploy.helpers import free_port
 
 pytestmark = pytest.mark.timeout(900)
 

@@ -14,6 +14,7 @@ import socket
 import subprocess
 import time
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
 
 import asyncpg
 import httpx
@@ -22,18 +23,12 @@ import pytest
 from ductor_streams.auth import SCOPES, issue_token
 from ductor_streams.dev import temporal_binary
 from tests.deploy.engine import Engine
-from tests.support.postgres import TestDatabase
+from tests.deploy.helpers import JWT_SECRET, SIGTERM_BOUND_SECONDS, free_port
+
+if TYPE_CHECKING:  # imported by name, pytest would try to collect it as a test class
+    from tests.support.postgres import TestDatabase
 
 pytestmark = pytest.mark.timeout(900)
-
-JWT_SECRET = "image-test-" + "s" * 24
-SIGTERM_BOUND_SECONDS = 10.0
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @pytest.fixture(scope="module")

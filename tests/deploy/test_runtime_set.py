@@ -14,12 +14,15 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import httpx
 import pytest
 
-from tests.deploy.test_image import JWT_SECRET, SIGTERM_BOUND_SECONDS, free_port
-from tests.support.postgres import TestDatabase
+from tests.deploy.helpers import JWT_SECRET, SIGTERM_BOUND_SECONDS, free_port
+
+if TYPE_CHECKING:  # imported by name, pytest would try to collect it as a test class
+    from tests.support.postgres import TestDatabase
 
 # google.protobuf is temporalio's; these are google-cloud-storage's own.
 BLOCKED = (
