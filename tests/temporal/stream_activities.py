@@ -33,7 +33,9 @@ async def write_tokens(request: TokensInput) -> TokensResult:
     hook: TokenHook | None = HOOKS.get("on_token")
     written = attempt_state().previous_writers.get(f"{activity.info().workflow_id}/output")
     heartbeat = [[a["attempt"], a["data"]] for a in (written or {}).get("attempts", [])]
-    async with stream_writer(request.stream_id) as out:
+    async with stream_writer(request.stream_id, credit_timeout=request.credit_timeout) as out:
+        if request.oversize_first:
+            await out.write({"text": "x" * 70_000})
         for i in range(request.tokens):
             if attempt == 1 and request.fail_after and i == request.fail_after:
                 await out.flush()

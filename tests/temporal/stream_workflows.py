@@ -29,6 +29,8 @@ class TokensInput:
     consumers: list[str] = field(default_factory=list)
     credit: dict[str, Any] | None = None
     max_attempts: int = 3
+    credit_timeout: float = 60.0
+    oversize_first: bool = False  # write one payload over the inline limit first
 
 
 @dataclass

@@ -17,8 +17,10 @@ import asyncpg
 import httpx
 import pytest
 from httpx_sse import aconnect_sse
-from temporalio.client import Client, WorkflowHandle
+from temporalio.client import Client, WorkflowFailureError, WorkflowHandle
+from temporalio.exceptions import ActivityError, ApplicationError
 
+from ductor_streams.activities import error_types
 from ductor_streams.config import Settings
 from ductor_streams.plugin import StreamsPlugin
 from ductor_streams.plugin.activity import HEARTBEAT_KEY, RETRY_MARKER_TYPE
@@ -248,6 +250,79 @@ async def test_writer_on_a_block_stream_waits_for_acks_and_never_passes_the_ceil
     assert all(unread <= ceiling for _, unread in observed), observed
     records = await payloads_of(store, ref)
     assert [p for _, p in records] == [{"token": i, "attempt": 1} for i in range(tokens)]
+
+
+def activity_failure(exc: WorkflowFailureError) -> ApplicationError:
+    """The ApplicationError that failed the workflow's activity."""
+    assert isinstance(exc.cause, ActivityError), exc.cause
+    assert isinstance(exc.cause.cause, ApplicationError), exc.cause.cause
+    return exc.cause.cause
+
+
+@pytest.mark.timeout(120)
+async def test_reject_stream_writer_waits_for_an_ack_then_gives_up_at_its_deadline(
+    wf_client: Client,
+    make_worker: WorkerFactory,
+    task_queue: str,
+    run_id: str,
+    store: Store,
+    wf_settings: Settings,
+) -> None:
+    credit = {"max_unread_items": 3}  # on_unread_full: reject (the default)
+    request = TokensInput(
+        tokens=6, content_class="json", consumers=["ui"], credit=credit, credit_timeout=2.0
+    )
+    async with make_worker([TokensWorkflow], activities=[write_tokens]):
+        acked = await wf_client.start_workflow(
+            TokensWorkflow.run, request, id=run_id, task_queue=task_queue
+        )
+        ref = await stream_ref(store, wf_settings.tenant, run_id, "output")
+
+        async def latest() -> int:
+            return (await store.state(ref)).latest_sequence
+
+        await eventually(latest, lambda n: n == 3, what="three records")
+        await store.ack(ref, "ui", 3)  # within the deadline: the writer goes on
+        assert (await acked.result()).last_sequence == 6
+
+        started = time.monotonic()
+        with pytest.raises(WorkflowFailureError) as failed:
+            await wf_client.execute_workflow(
+                TokensWorkflow.run,
+                TokensInput(**{**request.__dict__, "max_attempts": 1}),
+                id=f"{run_id}-noack",
+                task_queue=task_queue,
+            )
+    error = activity_failure(failed.value)
+    assert error.type == error_types.CREDIT_EXHAUSTED
+    assert error.details[0]["code"] == "credit_exhausted"
+    assert time.monotonic() - started >= 2.0  # it waited out its deadline first
+    other = await stream_ref(store, wf_settings.tenant, f"{run_id}-noack", "output")
+    assert (await store.state(other)).latest_sequence == 3
+
+
+@pytest.mark.timeout(60)
+async def test_a_payload_over_the_inline_limit_fails_as_http_does(
+    wf_client: Client,
+    make_worker: WorkerFactory,
+    task_queue: str,
+    run_id: str,
+    store: Store,
+    wf_settings: Settings,
+) -> None:
+    async with make_worker([TokensWorkflow], activities=[write_tokens]):
+        with pytest.raises(WorkflowFailureError) as failed:
+            await wf_client.execute_workflow(
+                TokensWorkflow.run,
+                TokensInput(tokens=1, oversize_first=True),
+                id=run_id,
+                task_queue=task_queue,
+            )
+    error = activity_failure(failed.value)
+    assert error.details[0]["code"] == "record_too_large"  # HTTP: 413 record_too_large
+    assert error.non_retryable
+    ref = await stream_ref(store, wf_settings.tenant, run_id, "output")
+    assert (await store.state(ref)).latest_sequence == 0
 
 
 @pytest.mark.timeout(180)
