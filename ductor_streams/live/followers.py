@@ -21,6 +21,7 @@ from ductor_streams.errors import NotFound
 from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.follower import StreamFollower
 from ductor_streams.live.hub import NotificationHub
+from ductor_streams.live.read_batch import ReadBatcher
 from ductor_streams.live.stats import LIVE_READS
 from ductor_streams.live.subscription import Subscription
 from ductor_streams.schema import QUERIES
@@ -45,6 +46,8 @@ class Followers:
         self._hub = hub
         self.settings = settings or LiveSettings()
         self._followers: dict[int, StreamFollower] = {}
+        # Followers woken in the same turn read in one statement (live/read_batch.py).
+        self._reads = ReadBatcher(pool, self.settings.page_bytes)
         self._rewatch_task: asyncio.Task[None] | None = None
         self.draining = False
         self.detected_by = f"live@{socket.gethostname()}:{os.getpid()}"
@@ -184,7 +187,7 @@ class Followers:
 
     async def _follower_read(self, stream_pk: int, after: int, limit: int) -> Page:
         LIVE_READS.labels("follower").inc()
-        return await self._read(stream_pk, after, limit)
+        return await self._reads.read(stream_pk, after, limit)
 
     async def _subscriber_read(self, stream_pk: int, after: int, limit: int) -> Page:
         LIVE_READS.labels("subscriber").inc()

@@ -29,6 +29,11 @@ async def read_page(
         rows = await pool.fetch(QUERIES["records_read"], stream_pk, cursor, limit)
     else:
         rows = await pool.fetch(QUERIES["records_read_bytes"], stream_pk, cursor, limit, max_bytes)
+    return page_of_rows(rows, cursor)
+
+
+def page_of_rows(rows: list[asyncpg.Record], cursor: int) -> Page:
+    """The page the rows of a read after ``cursor`` stand for (``read_page``'s rules)."""
     if not rows:
         raise NotFound("stream does not exist")
     head = rows[0]

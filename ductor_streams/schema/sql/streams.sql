@@ -107,3 +107,24 @@ SELECT idempotency_key, first_sequence, last_sequence
   FROM workflow_streams.append_receipts
  WHERE stream_pk = $1 AND starts_with(idempotency_key, $2)
  ORDER BY first_sequence;
+
+-- name: records_read_bytes_many
+-- records_read_bytes for several streams in one statement, one snapshot for all: $1 the
+-- streams, $2 their cursors, $3 their limits, $4 the byte budget of each page. Each row
+-- carries the 1-based index of its request (a stream that does not exist has none).
+-- Live followers woken in the same turn of the event loop read this way
+-- (live/read_batch.py): one statement instead of one per stream.
+SELECT q.i, s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
+       r.sequence, r.payload, r.size, r.appended_at, r.object::text AS object
+  FROM unnest($1::bigint[], $2::bigint[], $3::int[]) WITH ORDINALITY AS q(stream_pk, after, lim, i)
+  JOIN workflow_streams.streams s ON s.stream_pk = q.stream_pk
+  LEFT JOIN LATERAL (
+        SELECT w.sequence, w.payload, w.size, w.appended_at, w.object
+          FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object,
+                       sum(rr.size) OVER (ORDER BY rr.sequence) AS running
+                  FROM workflow_streams.records rr
+                 WHERE rr.stream_pk = q.stream_pk AND rr.sequence > q.after
+                 ORDER BY rr.sequence
+                 LIMIT q.lim) w
+         WHERE w.running - w.size < $4) r ON true
+ ORDER BY q.i, r.sequence;
