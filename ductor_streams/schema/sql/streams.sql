@@ -113,11 +113,17 @@ SELECT idempotency_key, first_sequence, last_sequence
 -- streams, $2 their cursors, $3 their limits, $4 the byte budget of each page. Each row
 -- carries the 1-based index of its request (a stream that does not exist has none).
 -- Live followers woken in the same turn of the event loop read this way
--- (live/read_batch.py): one statement instead of one per stream.
+-- (live/read_batch.py): one statement instead of one per stream. The stream rows are
+-- looked up one by one (LATERAL ... LIMIT 1: a plain join was planned as a hash join
+-- over a sequential scan of every stream).
 SELECT q.i, s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
        r.sequence, r.payload, r.size, r.appended_at, r.object::text AS object
   FROM unnest($1::bigint[], $2::bigint[], $3::int[]) WITH ORDINALITY AS q(stream_pk, after, lim, i)
-  JOIN workflow_streams.streams s ON s.stream_pk = q.stream_pk
+ CROSS JOIN LATERAL (
+        SELECT ss.latest_sequence, ss.earliest_sequence, ss.closed_at
+          FROM workflow_streams.streams ss
+         WHERE ss.stream_pk = q.stream_pk
+         LIMIT 1) s
   LEFT JOIN LATERAL (
         SELECT w.sequence, w.payload, w.size, w.appended_at, w.object
           FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object,
