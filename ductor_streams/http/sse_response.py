@@ -12,6 +12,7 @@ Litestar's (the response task is cancelled when the client goes away).
 from __future__ import annotations
 
 import asyncio
+import collections
 import itertools
 import logging
 from collections.abc import Callable, Coroutine, Iterable, Iterator
@@ -131,7 +132,28 @@ class StallGuard:
         log.info(
             "cut a subscriber that accepted no data", extra={"stall_seconds": self._stall_seconds}
         )
-        self._abort()
+        _cut_soon(self._abort)
+
+
+# Subscribers that stall together (a network blip, one client with many streams) reach
+# their deadlines together: each cut ends a response (task, subscription, follower),
+# and a hundred in one turn of the event loop held it ~100 ms. Cut at most this many per
+# turn, so that other requests are served in between.
+CUTS_PER_TURN = 8
+_cuts: collections.deque[Callable[[], None]] = collections.deque()
+
+
+def _cut_soon(abort: Callable[[], None]) -> None:
+    _cuts.append(abort)
+    if len(_cuts) == 1:
+        asyncio.get_running_loop().call_soon(_cut_some)
+
+
+def _cut_some() -> None:
+    for _ in range(min(CUTS_PER_TURN, len(_cuts))):
+        _cuts.popleft()()
+    if _cuts:
+        asyncio.get_running_loop().call_soon(_cut_some)
 
 
 def connection_abort(scope: Any) -> Callable[[], None] | None:

@@ -9,6 +9,7 @@ exactly once."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import time
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import pytest
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from tests.conftest import JWT_SECRET
+from tests.support.healthz import healthz_probe
 from tests.support.server import ServerProcess
 from tests.temporal.polling import eventually
 
@@ -134,9 +136,11 @@ async def test_stalled_subscribers_cost_bounded_memory_and_lose_nothing(
             base, json={"stream_id": "s", "direction": "output"}, headers=headers
         )
         assert created.status_code == 201
-        batch = {"records": [{"payload": PAYLOAD} for _ in range(RECORDS)]}
+        # Encoded once, so that the test's own loop does not encode 30 MB mid-measure.
+        batch = json.dumps({"records": [{"payload": PAYLOAD} for _ in range(RECORDS)]}).encode()
+        body_headers = {**headers, "Content-Type": "application/json"}
         # The same append once before anyone subscribes: the append's own peak.
-        first = await client.post(f"{base}/s/records", json=batch, headers=headers)
+        first = await client.post(f"{base}/s/records", content=batch, headers=body_headers)
         assert first.status_code == 201, first.text
         rss_before = _rss_kib(pid, "VmHWM")
         subs = [
@@ -145,33 +149,20 @@ async def test_stalled_subscribers_cost_bounded_memory_and_lose_nothing(
         ]
         conns = [await s.open(RECORDS) for s in subs]
 
-        probes: list[float] = []
-        appended = asyncio.Event()
-
-        async def probe_health() -> None:
-            async with httpx.AsyncClient(base_url=own_server.url, timeout=30) as prober:
-                while not appended.is_set():
-                    started = time.monotonic()
-                    answer = await prober.get("/healthz")
-                    assert answer.status_code == 200
-                    probes.append((time.monotonic() - started) * 1000)
-                    await asyncio.sleep(0.05)
-
-        prober = asyncio.create_task(probe_health())
-        started = time.monotonic()
-        answer = await client.post(f"{base}/s/records", json=batch, headers=headers)
-        append_seconds = time.monotonic() - started
-        assert answer.status_code == 201, answer.text
-        # Nobody reads: each subscriber's write waits, and after the 2 s stall timeout
-        # the server cuts it (health keeps probing meanwhile).
-        await eventually(
-            lambda: _metric(client, "ductor_streams_slow_subscriber_disconnects_total"),
-            lambda cut: cut >= SUBSCRIBERS,
-            timeout=30,
-            what="every stalled subscriber cut",
-        )
-        appended.set()
-        await prober
+        # /healthz is probed from a process of its own (tests/support/healthz.py).
+        with healthz_probe(own_server.url) as probes:
+            started = time.monotonic()
+            answer = await client.post(f"{base}/s/records", content=batch, headers=body_headers)
+            append_seconds = time.monotonic() - started
+            assert answer.status_code == 201, answer.text
+            # Nobody reads: each subscriber's write waits, and after the 2 s stall
+            # timeout the server cuts it (health keeps probing meanwhile).
+            await eventually(
+                lambda: _metric(client, "ductor_streams_slow_subscriber_disconnects_total"),
+                lambda cut: cut >= SUBSCRIBERS,
+                timeout=30,
+                what="every stalled subscriber cut",
+            )
         peak_mib = (_rss_kib(pid, "VmHWM") - rss_before) / 1024
         print(
             f"append {append_seconds:.2f} s; RSS peak +{peak_mib:.0f} MiB; "
