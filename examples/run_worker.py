@@ -1,7 +1,7 @@
 """Runs a Temporal worker for the examples on task queue ``ductor-streams-examples``.
 
 ``python -m examples.run_worker`` runs every example; ``python -m examples.workflows.echo``
-only the echo. Configuration comes from the environment (CONTRACT.md section 2), read
+only the echo. Configuration comes from the environment (docs/configuration.md), read
 by ``Settings.from_env``: Temporal as every client of the project connects
 (``DUCTOR_STREAMS_TEMPORAL_ADDRESS``/``_NAMESPACE``, else the standard ``TEMPORAL_*``
 variables and profiles with TLS and API keys; docs/temporal.md), ``localhost:7233`` when

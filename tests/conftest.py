@@ -29,7 +29,7 @@ API = "/api/workflow-streams"
 
 
 # temporalio's core can crash the interpreter at exit after every test has finished
-# (sdk-python#300); keep pytest's real exit status. See STACK_NOTES.md.
+# (sdk-python#300); keep pytest's real exit status.
 _exit_status: dict[str, int] = {}
 
 

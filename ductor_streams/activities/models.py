@@ -1,7 +1,7 @@
 """What crosses the activity boundary: plain dataclasses, safe inside the workflow sandbox.
 
 Payloads are JSON values (whatever ``json.loads`` gives); record sizes and limits are
-those of the HTTP surface (CONTRACT.md section 6).
+those of the HTTP surface (the HTTP API).
 """
 
 from __future__ import annotations

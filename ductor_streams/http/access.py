@@ -1,6 +1,6 @@
 """Who may do what: authentication, run visibility, scopes, definition pins, egress.
 
-Order matters (CONTRACT.md section 4): a bad token is 401; a run the token does not
+Order matters (docs/security.md): a bad token is 401; a run the token does not
 cover, another tenant's stream or an unknown one is 404 (existence is never revealed);
 a missing scope or a principal outside the definition's lists is 403; a token region
 outside ``client_egress_regions`` on a payload path is 403 ``egress_denied``.

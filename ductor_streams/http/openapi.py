@@ -1,4 +1,4 @@
-"""The OpenAPI document, completed from the contract (CONTRACT.md section 6).
+"""The OpenAPI document, completed with what the route table cannot say (bodies, problems).
 
 Handlers read raw bodies (msgspec, for speed) and answer ``Response[bytes]``, so
 litestar alone documents neither request bodies nor answers. Rather than change the

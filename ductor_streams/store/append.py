@@ -4,7 +4,7 @@ Appends to the same stream that arrive while that stream's transaction is in fli
 queue up and go together in the next call of ``workflow_streams.append_requests``,
 which decides each request exactly as if it were alone, in arrival order (its own
 sequences, receipt, credit, quota and close check). One round trip under the row lock
-is the per-stream limit (DESIGN.md "Speed"), so sharing it multiplies throughput.
+is the per-stream limit (docs/credit.md), so sharing it multiplies throughput.
 
 Across streams, every commit costs a WAL flush, which caps one-append-per-transaction
 traffic at the disk's flush rate however many streams there are. So while a statement

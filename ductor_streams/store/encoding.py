@@ -1,7 +1,7 @@
 """Turns records into what the store keeps: compact JSON text, its byte size, a request hash.
 
 A record's size is the byte length of its payload as compact JSON with raw UTF-8
-(CONTRACT.md, Append). msgspec (litestar's own codec) writes exactly that form.
+(the API's definition of a record's size). msgspec (litestar's own codec) writes exactly that form.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""EchoWorkflow: echoes every input record to the output stream (CONTRACT.md section 7).
+"""EchoWorkflow: echoes every input record to the output stream.
 
 Started by type name ``EchoWorkflow`` with no arguments on task queue
 ``ductor-streams-examples``; the workflow ID is the run ID of its streams. It creates

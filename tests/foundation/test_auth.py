@@ -1,4 +1,4 @@
-"""The authentication and scope rules of CONTRACT.md section 4 on the foundation routes."""
+"""The authentication and scope rules (docs/security.md) on the foundation routes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The auth matrix, generated from the app's route table: every API route x {no token,
 bad signature, expired, malformed, wrong scheme, wrong tenant, wrong run, missing scope},
-with the exact status and ``code`` (CONTRACT.md section 4), plus a positive control
+with the exact status and ``code`` (docs/security.md), plus a positive control
 per route so that each refusal is a refusal of a request that would otherwise succeed."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Placement and content classes (CONTRACT.md section 6, create definition and objects):
+"""Placement and content classes (create definition and objects):
 ``metadata_home`` must be this deployment's region, object regions need a configured
 store, compute in another region cannot move data (an HTTP server or an activity
 configured for region B refuses to write objects of a stream pinned to A), and raw

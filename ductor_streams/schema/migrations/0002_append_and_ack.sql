@@ -1,5 +1,5 @@
 -- 0002: the append and ack transactions as functions, so that each is ONE round
--- trip under the stream row lock (DESIGN.md "Speed": round trips under the lock
+-- trip under the stream row lock (round trips under the lock
 -- are the per-stream limit).
 
 -- Appends several independent requests to one stream in one transaction, in order.
