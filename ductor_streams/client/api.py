@@ -15,8 +15,9 @@ from urllib.parse import quote
 import httpx
 
 from ductor_streams.client.errors import ApiError, CreditExhaustedError, error_from
+from ductor_streams.names import API_MOUNT
 
-API = "/api/workflow-streams"
+API = API_MOUNT
 
 # Answers after which the same request may well succeed a moment later: the server (a
 # database restart answers 503 database_unavailable with Retry-After) or a proxy in front

@@ -7,7 +7,6 @@ interface only. ``delivery.temporal`` implements it with a Temporal signal and
 
 from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
 from ductor_streams.delivery.wait_service import (
-    INPUT_SIGNAL,
     DeliveryFailed,
     InputEvent,
     RunGone,
@@ -15,6 +14,7 @@ from ductor_streams.delivery.wait_service import (
     WaitService,
     event_id,
 )
+from ductor_streams.names import INPUT_SIGNAL
 
 __all__ = [
     "INPUT_SIGNAL",

@@ -11,12 +11,12 @@ from temporalio.client import Client
 from temporalio.service import RPCError, RPCStatusCode
 
 from ductor_streams.delivery.wait_service import (
-    INPUT_SIGNAL,
     DeliveryFailed,
     InputEvent,
     RunGone,
     RunNotFound,
 )
+from ductor_streams.names import INPUT_SIGNAL
 
 ClientFactory = Callable[[], Awaitable[Client]]
 

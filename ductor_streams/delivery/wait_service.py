@@ -9,8 +9,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-INPUT_SIGNAL = "ductor_streams.input"
-
 
 def event_id(stream_id: str, sequence: int) -> str:
     """The deterministic id of an input record's delivery: ``<stream_id>:<sequence>``."""

@@ -27,8 +27,8 @@ from ductor_streams.http.headers import is_api_path, secure_send
 from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.problems import handle_exception
 from ductor_streams.http.records_front import answer_records, records_route
-from ductor_streams.http.routes_streams import API_MOUNT
 from ductor_streams.live.hub import NotificationHub
+from ductor_streams.names import API_MOUNT
 from ductor_streams.store import Store
 from ductor_streams.store.db import create_pool
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from ductor_streams.http.routes_streams import API_MOUNT
+from ductor_streams.names import API_MOUNT
 
 Message = MutableMapping[str, Any]
 Send = Callable[[Message], Awaitable[None]]

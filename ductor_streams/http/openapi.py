@@ -33,10 +33,11 @@ from ductor_streams.http.routes_consumers import AckBody
 from ductor_streams.http.routes_objects import PrepareBody
 from ductor_streams.http.routes_records import AppendBody
 from ductor_streams.http.routes_streams import LegalHoldBody
+from ductor_streams.names import API_MOUNT
 from ductor_streams.ops.filters import MAX_AGE_SECONDS
 from ductor_streams.store.encoding import MAX_BATCH_RECORDS
 
-MOUNT = "/api/workflow-streams"
+MOUNT = API_MOUNT
 REF = "#/components/schemas/{name}"
 PROBLEM_JSON = "application/problem+json"
 ERROR_STATUSES = {

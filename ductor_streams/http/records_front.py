@@ -27,7 +27,7 @@ from ductor_streams.http.append_body import Body
 from ductor_streams.http.headers import API_HEADERS
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
 from ductor_streams.http.routes_records import MAX_APPEND_BODY, append_answer, read_answer
-from ductor_streams.http.routes_streams import API_MOUNT
+from ductor_streams.names import API_MOUNT
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]

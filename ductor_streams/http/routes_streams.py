@@ -10,10 +10,10 @@ from litestar import Request, Response, get, post, put
 from ductor_streams.definitions import parse_definition
 from ductor_streams.http.access import principal_of, stream_for
 from ductor_streams.http.codec import json_body, json_response
-from ductor_streams.store import StreamKey
 
 # The API's mount point; route paths below are relative to it.
-API_MOUNT = "/api/workflow-streams"
+from ductor_streams.store import StreamKey
+
 RUN = "/runs/{run_id:str}"
 STREAM = RUN + "/streams/{stream_id:str}"
 

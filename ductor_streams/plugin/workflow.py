@@ -63,8 +63,8 @@ from ductor_streams.activities.models import (
     ReadResult,
     StreamRecord,
 )
+from ductor_streams.names import INPUT_SIGNAL
 
-INPUT_SIGNAL = "ductor_streams.input"  # the same name as delivery.wait_service.INPUT_SIGNAL
 WORKFLOW_CONSUMER = "workflow"
 
 __all__ = [
