@@ -334,28 +334,36 @@ class Appender:
     ) -> tuple[list[Outcome], datetime]:
         """The outcome of each request, and the transaction's ``appended_at``."""
         self.statements += 1
-        if _staged(batches):
-            counts, keys, hashes, _, sizes, objects = statement_arguments(batches, joined=False)
-            rows = await self._fetch_staged(
-                batches,
-                QUERIES["records_append_group_staged"],
-                stream_pk,
-                counts,
-                keys,
-                hashes,
-                sizes,
-                objects,
-                notify_inline,
-            )
-        else:
-            rows = await self._connection.fetch(
-                QUERIES["records_append_group"],
-                stream_pk,
-                *statement_arguments(batches),
-                notify_inline,
-            )
+        rows = await self._send("records_append_group", (stream_pk,), batches, notify_inline)
         outcomes = [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
         return outcomes, rows[0]["appended_at"]
+
+    async def _send(
+        self,
+        name: str,
+        head: tuple[Any, ...],
+        batches: list[EncodedBatch],
+        notify_inline: bool,
+    ) -> list[asyncpg.Record]:
+        """Run append statement ``name`` with its leading arguments ``head``, the batches'
+        arguments and ``notify_inline``: plain on the held connection, or its ``_staged``
+        form when the batches carry more than STAGED_STATEMENT_BYTES."""
+        if not _staged(batches):
+            return await self._connection.fetch(
+                QUERIES[name], *head, *statement_arguments(batches), notify_inline
+            )
+        counts, keys, hashes, _, sizes, objects = statement_arguments(batches, joined=False)
+        return await self._fetch_staged(
+            batches,
+            QUERIES[name + "_staged"],
+            *head,
+            counts,
+            keys,
+            hashes,
+            sizes,
+            objects,
+            notify_inline,
+        )
 
     async def _fetch_staged(
         self, batches: list[EncodedBatch], query: str, *args: Any
@@ -380,26 +388,7 @@ class Appender:
             [len(group) for _, group in groups],
             [sum(b.count for b in group) for _, group in groups],
         )
-        if _staged(batches):
-            counts, keys, hashes, _, sizes, objects = statement_arguments(batches, joined=False)
-            rows = await self._fetch_staged(
-                batches,
-                QUERIES["records_append_stream_groups_staged"],
-                *shape,
-                counts,
-                keys,
-                hashes,
-                sizes,
-                objects,
-                notify_inline,
-            )
-        else:
-            rows = await self._connection.fetch(
-                QUERIES["records_append_stream_groups"],
-                *shape,
-                *statement_arguments(batches),
-                notify_inline,
-            )
+        rows = await self._send("records_append_stream_groups", shape, batches, notify_inline)
         outcomes: list[list[Outcome]] = [[] for _ in groups]
         for r in rows:
             outcomes[r["group_index"] - 1].append(
