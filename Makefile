@@ -10,7 +10,7 @@ UV     := $(TOOLS)/bin/uv
 # The machine's Python, never one uv would download.
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: dev test lint bench install lock image
+.PHONY: dev test lint bench install lock image schema
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -44,6 +44,13 @@ lint: install
 
 test: lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# After adding a migration: regenerate the current schema (ductor_streams/schema/schema.sql)
+# from a freshly migrated database, and commit it. Uses DUCTOR_STREAMS_TEST_DATABASE_URL's
+# server when set, an embedded Postgres otherwise; tests/foundation/test_schema.py fails
+# while the file and the migrations disagree.
+schema: install
+	$(BIN)/python -m tests.support.schema_file
 
 # The append part drives its load with wrk when it is installed (bench/README.md).
 bench: install

@@ -10,6 +10,7 @@ import sys
 import asyncpg
 
 from ductor_streams.schema import QUERIES
+from ductor_streams.schema.current import REGENERATE, SCHEMA_FILE, dump_database, server_major
 from ductor_streams.schema.migrate import applied_versions, available_migrations, migrate
 from tests.support.server import settings_env
 
@@ -91,3 +92,46 @@ async def test_migrate_twice_and_concurrently(test_database, settings):
             await conn.close()
     finally:
         await asyncio.to_thread(drop)
+
+
+async def _apply(dsn: str, sql: str) -> None:
+    conn = await asyncpg.connect(dsn)
+    try:
+        await conn.execute(sql)
+    finally:
+        await conn.close()
+
+
+async def test_schema_sql_is_what_the_migrations_make(test_database):
+    """schema/schema.sql is the migrations' result, the way procrastinate checks its own
+    schema file: a fresh database migrated step by step and a fresh database given the
+    file in one go must end up with the same catalog, and on the Postgres major version
+    that wrote the file the dump must equal the file word for word."""
+    stale = (
+        f"ductor_streams/schema/schema.sql does not match the migrations; "
+        f"regenerate it with `{REGENERATE}` and commit it"
+    )
+    on_file = await asyncio.to_thread(SCHEMA_FILE.read_text, encoding="utf-8")
+    migrated_dsn, drop_migrated = await asyncio.to_thread(test_database.fresh)
+    loaded_dsn, drop_loaded = await asyncio.to_thread(test_database.fresh)
+    try:
+        await migrate(migrated_dsn)
+        migrated = await dump_database(migrated_dsn)
+        try:
+            await _apply(loaded_dsn, on_file)
+        except asyncpg.PostgresError as exc:
+            raise AssertionError(f"{stale} (it does not apply: {exc})") from exc
+        loaded = await dump_database(loaded_dsn)
+    finally:
+        await asyncio.to_thread(drop_migrated)
+        await asyncio.to_thread(drop_loaded)
+    assert loaded == migrated, stale
+    if server_major(on_file) == server_major(migrated):
+        assert on_file == migrated, stale
+
+
+async def test_schema_dump_is_deterministic(database_url):
+    """Two dumps of one database are the same text: the file has no volatile lines."""
+    first = await dump_database(database_url)
+    assert first == await dump_database(database_url)
+    assert "CREATE OR REPLACE FUNCTION workflow_streams.append_requests(" in first

@@ -1,0 +1,571 @@
+-- The current workflow_streams schema: what every migration in schema/migrations/ adds up to.
+-- Generated from a freshly migrated database by `make schema`; do not edit by hand.
+-- A migration changes the schema; this file only shows the result in one place.
+-- Read from Postgres 15.
+
+SET check_function_bodies = false;
+
+CREATE SCHEMA workflow_streams;
+
+-- Tables
+
+CREATE TABLE workflow_streams.append_receipts (
+    stream_pk bigint NOT NULL,
+    idempotency_key text NOT NULL,
+    request_hash text NOT NULL,
+    first_sequence bigint NOT NULL,
+    last_sequence bigint NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT append_receipts_pkey PRIMARY KEY (stream_pk, idempotency_key)
+);
+
+CREATE TABLE workflow_streams.consumers (
+    stream_pk bigint NOT NULL,
+    consumer_id text NOT NULL,
+    acked_sequence bigint DEFAULT 0 NOT NULL,
+    acked_bytes bigint DEFAULT 0 NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT consumers_pkey PRIMARY KEY (stream_pk, consumer_id)
+);
+
+CREATE TABLE workflow_streams.deletion_outbox (
+    deletion_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    region text NOT NULL,
+    storage_key text NOT NULL,
+    reason text NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    last_error text,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    done_at timestamp with time zone,
+    stream_pk bigint,
+    object_id uuid,
+    CONSTRAINT deletion_outbox_pkey PRIMARY KEY (deletion_id),
+    CONSTRAINT deletion_outbox_state_check CHECK (state = ANY (ARRAY['pending'::text, 'done'::text]))
+);
+
+CREATE TABLE workflow_streams.gap_evidence (
+    gap_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    stream_pk bigint NOT NULL,
+    expected_sequence bigint NOT NULL,
+    received_sequence bigint NOT NULL,
+    repaired_records integer NOT NULL,
+    detected_by text NOT NULL,
+    detected_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT gap_evidence_pkey PRIMARY KEY (gap_id)
+);
+
+CREATE TABLE workflow_streams.input_deliveries (
+    delivery_id bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    stream_pk bigint NOT NULL,
+    sequence bigint NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    last_error text,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    lease_owner text,
+    lease_expires_at timestamp with time zone,
+    delivered_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    retried_by text,
+    retried_at timestamp with time zone,
+    CONSTRAINT input_deliveries_pkey PRIMARY KEY (delivery_id),
+    CONSTRAINT input_deliveries_record UNIQUE (stream_pk, sequence),
+    CONSTRAINT input_deliveries_state_check CHECK (state = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text]))
+);
+
+CREATE TABLE workflow_streams.object_intents (
+    object_id uuid NOT NULL,
+    stream_pk bigint NOT NULL,
+    idempotency_key text NOT NULL,
+    sha256 text NOT NULL,
+    size bigint NOT NULL,
+    content_type text NOT NULL,
+    schema text,
+    region text NOT NULL,
+    metadata jsonb DEFAULT '{}'::jsonb NOT NULL,
+    storage_key text NOT NULL,
+    state text DEFAULT 'prepared'::text NOT NULL,
+    prepared_by text NOT NULL,
+    prepared_scopes text[] NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    uploaded_at timestamp with time zone,
+    committed_sequence bigint,
+    record_payload text,
+    stored_md5 text,
+    committed_at timestamp with time zone,
+    ended_at timestamp with time zone,
+    CONSTRAINT object_intents_pkey PRIMARY KEY (object_id),
+    CONSTRAINT object_intents_key UNIQUE (stream_pk, idempotency_key),
+    CONSTRAINT object_intents_state_check CHECK (state = ANY (ARRAY['prepared'::text, 'uploaded'::text, 'committed'::text, 'aborted'::text, 'expired'::text]))
+);
+
+CREATE TABLE workflow_streams.records (
+    stream_pk bigint NOT NULL,
+    sequence bigint NOT NULL,
+    payload text NOT NULL,
+    size integer NOT NULL,
+    cumulative_bytes bigint NOT NULL,
+    appended_at timestamp with time zone DEFAULT now() NOT NULL,
+    object jsonb,
+    CONSTRAINT records_pkey PRIMARY KEY (stream_pk, sequence)
+);
+
+CREATE TABLE workflow_streams.schema_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT schema_migrations_pkey PRIMARY KEY (version)
+);
+
+CREATE TABLE workflow_streams.streams (
+    stream_pk bigint GENERATED ALWAYS AS IDENTITY NOT NULL,
+    tenant text NOT NULL,
+    run_id text NOT NULL,
+    stream_id text NOT NULL,
+    direction text NOT NULL,
+    definition jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    latest_sequence bigint DEFAULT 0 NOT NULL,
+    earliest_sequence bigint DEFAULT 1 NOT NULL,
+    total_items bigint DEFAULT 0 NOT NULL,
+    total_bytes bigint DEFAULT 0 NOT NULL,
+    pruned_bytes bigint DEFAULT 0 NOT NULL,
+    min_acked_sequence bigint,
+    min_acked_bytes bigint,
+    closed_at timestamp with time zone,
+    legal_hold boolean DEFAULT false NOT NULL,
+    legal_hold_reason text,
+    watched_until timestamp with time zone,
+    CONSTRAINT streams_pkey PRIMARY KEY (stream_pk),
+    CONSTRAINT streams_key UNIQUE (tenant, run_id, stream_id),
+    CONSTRAINT streams_direction_check CHECK (direction = ANY (ARRAY['input'::text, 'output'::text]))
+);
+
+-- Foreign keys
+
+ALTER TABLE workflow_streams.append_receipts
+    ADD CONSTRAINT append_receipts_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
+
+ALTER TABLE workflow_streams.consumers
+    ADD CONSTRAINT consumers_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
+
+ALTER TABLE workflow_streams.gap_evidence
+    ADD CONSTRAINT gap_evidence_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
+
+ALTER TABLE workflow_streams.object_intents
+    ADD CONSTRAINT object_intents_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
+
+-- Indexes (those behind a constraint are part of their table)
+
+CREATE INDEX deletion_outbox_due ON workflow_streams.deletion_outbox USING btree (next_attempt_at) WHERE (state = 'pending'::text);
+
+CREATE INDEX deletion_outbox_pending_key ON workflow_streams.deletion_outbox USING btree (storage_key) WHERE (state = 'pending'::text);
+
+CREATE INDEX gap_evidence_stream ON workflow_streams.gap_evidence USING btree (stream_pk, gap_id);
+
+CREATE INDEX input_deliveries_due ON workflow_streams.input_deliveries USING btree (next_attempt_at) WHERE (state = ANY (ARRAY['pending'::text, 'retrying'::text]));
+
+CREATE INDEX input_deliveries_open ON workflow_streams.input_deliveries USING btree (stream_pk, sequence) WHERE (state = ANY (ARRAY['pending'::text, 'retrying'::text]));
+
+CREATE INDEX input_deliveries_state ON workflow_streams.input_deliveries USING btree (state, delivery_id);
+
+CREATE INDEX input_deliveries_undelivered ON workflow_streams.input_deliveries USING btree (stream_pk, sequence) WHERE (state <> 'delivered'::text);
+
+CREATE INDEX object_intents_expiry ON workflow_streams.object_intents USING btree (expires_at) WHERE (state = ANY (ARRAY['prepared'::text, 'uploaded'::text]));
+
+CREATE INDEX object_intents_storage_key ON workflow_streams.object_intents USING btree (storage_key);
+
+CREATE INDEX streams_with_retention ON workflow_streams.streams USING btree (stream_pk) WHERE ((((definition -> 'retention'::text) ->> 'max_records'::text) IS NOT NULL) OR (((definition -> 'retention'::text) ->> 'max_age_seconds'::text) IS NOT NULL));
+
+-- Views
+
+CREATE VIEW workflow_streams.open_delivery_heads AS
+ WITH RECURSIVE lanes AS (
+        ( SELECT o.stream_pk,
+            o.sequence
+           FROM workflow_streams.input_deliveries o
+          WHERE o.state = ANY (ARRAY['pending'::text, 'retrying'::text])
+          ORDER BY o.stream_pk, o.sequence
+         LIMIT 1)
+        UNION ALL
+         SELECT n.stream_pk,
+            n.sequence
+           FROM lanes l
+             CROSS JOIN LATERAL ( SELECT o.stream_pk,
+                    o.sequence
+                   FROM workflow_streams.input_deliveries o
+                  WHERE (o.state = ANY (ARRAY['pending'::text, 'retrying'::text])) AND o.stream_pk > l.stream_pk
+                  ORDER BY o.stream_pk, o.sequence
+                 LIMIT 1) n
+        )
+ SELECT lanes.stream_pk,
+    lanes.sequence
+   FROM lanes;
+
+-- Functions
+
+CREATE OR REPLACE FUNCTION workflow_streams.ack_consumer(p_stream_pk bigint, p_consumer_id text, p_sequence bigint)
+ RETURNS TABLE(outcome text, acked_sequence bigint)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    s            workflow_streams.streams%ROWTYPE;
+    v_acked      bigint;
+    v_old_bytes  bigint;
+    v_bytes      bigint;
+    v_next_seq   bigint;
+    v_next_start bigint;
+BEGIN
+    SELECT * INTO s FROM workflow_streams.streams WHERE stream_pk = p_stream_pk FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'not_found'::text, NULL::bigint;
+        RETURN;
+    END IF;
+    SELECT c.acked_sequence, c.acked_bytes INTO v_acked, v_old_bytes
+      FROM workflow_streams.consumers c
+     WHERE c.stream_pk = p_stream_pk AND c.consumer_id = p_consumer_id;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT 'consumer_not_found'::text, NULL::bigint;
+        RETURN;
+    END IF;
+    IF p_sequence > s.latest_sequence THEN
+        RETURN QUERY SELECT 'ack_in_future'::text, v_acked;
+        RETURN;
+    ELSIF p_sequence < v_acked THEN
+        RETURN QUERY SELECT 'ack_regression'::text, v_acked;
+        RETURN;
+    ELSIF p_sequence = v_acked THEN
+        RETURN QUERY SELECT 'unchanged'::text, v_acked;
+        RETURN;
+    END IF;
+
+    -- Cumulative bytes of 1..p_sequence: read from the record when it is retained.
+    SELECT r.cumulative_bytes INTO v_bytes FROM workflow_streams.records r
+     WHERE r.stream_pk = p_stream_pk AND r.sequence = p_sequence;
+    IF NOT FOUND THEN
+        -- Pruned. Exact only when it is the record right before the first retained one
+        -- (or the last record and nothing is retained); else keep the previous figure,
+        -- a lower bound, so unread bytes are over- rather than under-counted.
+        SELECT r.sequence, r.cumulative_bytes - r.size INTO v_next_seq, v_next_start
+          FROM workflow_streams.records r
+         WHERE r.stream_pk = p_stream_pk AND r.sequence > p_sequence
+         ORDER BY r.sequence LIMIT 1;
+        IF FOUND AND v_next_seq = p_sequence + 1 THEN
+            v_bytes := v_next_start;
+        ELSIF NOT FOUND AND p_sequence = s.latest_sequence THEN
+            v_bytes := s.total_bytes;
+        ELSE
+            v_bytes := v_old_bytes;
+        END IF;
+    END IF;
+    UPDATE workflow_streams.consumers c
+       SET acked_sequence = p_sequence, acked_bytes = greatest(v_bytes, v_old_bytes),
+           updated_at = now()
+     WHERE c.stream_pk = p_stream_pk AND c.consumer_id = p_consumer_id;
+    UPDATE workflow_streams.streams st
+       SET (min_acked_sequence, min_acked_bytes) = (
+             SELECT c.acked_sequence, c.acked_bytes FROM workflow_streams.consumers c
+              WHERE c.stream_pk = p_stream_pk
+              ORDER BY c.acked_sequence, c.acked_bytes LIMIT 1)
+     WHERE st.stream_pk = p_stream_pk;
+    -- Wakes producers blocked on credit; like every wake, only at commit.
+    PERFORM pg_notify('workflow_streams', 'a' || p_stream_pk::text);
+    RETURN QUERY SELECT 'acked'::text, p_sequence;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.append_requests(p_stream_pk bigint, p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[])
+ RETURNS TABLE(request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM workflow_streams.append_requests(
+        p_stream_pk, p_counts, p_keys, p_hashes, p_payloads, p_sizes, p_objects, true)
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.append_requests(p_stream_pk bigint, p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[], p_notify boolean)
+ RETURNS TABLE(request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    s               workflow_streams.streams%ROWTYPE;
+    v_credit        jsonb;
+    v_max_unread_i  bigint;
+    v_max_unread_b  bigint;
+    v_max_total_i   bigint;
+    v_max_total_b   bigint;
+    v_requests      integer := coalesce(array_length(p_counts, 1), 0);
+    v_seq           bigint[];   -- [k]: sequence of record k; NULL unless appended
+    v_cum           bigint[];   -- [k]: cumulative_bytes of record k once appended
+    v_latest_before bigint;
+    v_offset        integer := 0;
+    v_n             integer;
+    v_bytes         bigint;
+    v_receipt       workflow_streams.append_receipts%ROWTYPE;
+    v_appended      boolean := false;
+    i               integer;
+    g               integer;
+BEGIN
+    SELECT * INTO s FROM workflow_streams.streams WHERE stream_pk = p_stream_pk FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN QUERY SELECT n::integer, 'not_found'::text, NULL::bigint, NULL::bigint
+                     FROM generate_series(1, v_requests) n;
+        RETURN;
+    END IF;
+    v_credit        := s.definition -> 'credit';
+    v_max_unread_i  := workflow_streams.clamped_count(v_credit ->> 'max_unread_items');
+    v_max_unread_b  := workflow_streams.clamped_count(v_credit ->> 'max_unread_bytes');
+    v_max_total_i   := workflow_streams.clamped_count(v_credit ->> 'max_total_items');
+    v_max_total_b   := workflow_streams.clamped_count(v_credit ->> 'max_total_bytes');
+    v_latest_before := s.latest_sequence;
+    -- Full length from the start: unnest below pairs v_seq with p_payloads by position.
+    v_seq           := array_fill(NULL::bigint, ARRAY[coalesce(array_length(p_sizes, 1), 0)]);
+    v_cum           := v_seq;
+
+    FOR i IN 1 .. v_requests LOOP
+        -- Request i is records v_offset + 1 .. v_offset + v_n ([0] is NULL: no records).
+        v_n := p_counts[i];
+        v_bytes := 0;
+        FOR g IN v_offset + 1 .. v_offset + v_n LOOP
+            v_bytes := v_bytes + p_sizes[g];
+        END LOOP;
+        request_index := i;
+        first_sequence := NULL;
+        last_sequence := NULL;
+
+        IF p_keys[i] IS NOT NULL THEN
+            SELECT * INTO v_receipt FROM workflow_streams.append_receipts
+             WHERE stream_pk = p_stream_pk AND idempotency_key = p_keys[i];
+            IF FOUND THEN
+                IF v_receipt.request_hash = p_hashes[i] THEN
+                    outcome := 'replayed';
+                    first_sequence := v_receipt.first_sequence;
+                    last_sequence := v_receipt.last_sequence;
+                ELSE
+                    outcome := 'key_reused';
+                END IF;
+                RETURN NEXT;
+                v_offset := v_offset + v_n;
+                CONTINUE;
+            END IF;
+        END IF;
+
+        -- Every ceiling is the largest allowed value: reaching it is allowed.
+        IF s.closed_at IS NOT NULL THEN
+            outcome := 'stream_closed';
+        ELSIF (v_max_total_i IS NOT NULL AND s.total_items + v_n > v_max_total_i)
+           OR (v_max_total_b IS NOT NULL AND s.total_bytes + v_bytes > v_max_total_b) THEN
+            outcome := 'quota_exhausted';
+        ELSIF s.min_acked_sequence IS NOT NULL AND (
+                 (v_max_unread_i IS NOT NULL
+                  AND s.latest_sequence - s.min_acked_sequence + v_n > v_max_unread_i)
+              OR (v_max_unread_b IS NOT NULL
+                  AND s.total_bytes - s.min_acked_bytes + v_bytes > v_max_unread_b)) THEN
+            outcome := 'credit_exhausted';
+        ELSE
+            first_sequence := s.latest_sequence + 1;
+            last_sequence := s.latest_sequence + v_n;
+            FOR g IN 1 .. v_n LOOP
+                v_seq[v_offset + g] := s.latest_sequence + g;
+                s.total_bytes := s.total_bytes + p_sizes[v_offset + g];
+                v_cum[v_offset + g] := s.total_bytes;
+            END LOOP;
+            IF p_keys[i] IS NOT NULL THEN
+                INSERT INTO workflow_streams.append_receipts
+                       (stream_pk, idempotency_key, request_hash, first_sequence, last_sequence)
+                VALUES (p_stream_pk, p_keys[i], p_hashes[i], first_sequence, last_sequence);
+            END IF;
+            s.latest_sequence := last_sequence;
+            s.total_items := s.total_items + v_n;  -- (total_bytes grew in the loop above)
+            v_appended := true;
+            outcome := 'appended';
+        END IF;
+        RETURN NEXT;
+        v_offset := v_offset + v_n;
+    END LOOP;
+
+    IF v_appended THEN
+        -- The accepted records of every request, in order.
+        INSERT INTO workflow_streams.records
+               (stream_pk, sequence, payload, size, cumulative_bytes, object)
+        SELECT p_stream_pk, r.seq, r.payload, r.size, r.cum, r.object
+          FROM unnest(p_payloads, p_sizes, p_objects, v_seq, v_cum)
+               AS r(payload, size, object, seq, cum)
+         WHERE r.seq IS NOT NULL;
+        IF s.direction = 'input' THEN
+            INSERT INTO workflow_streams.input_deliveries (stream_pk, sequence)
+            SELECT p_stream_pk, n FROM generate_series(v_latest_before + 1, s.latest_sequence) n;
+        END IF;
+        UPDATE workflow_streams.streams
+           SET latest_sequence = s.latest_sequence,
+               total_items = s.total_items,
+               total_bytes = s.total_bytes
+         WHERE stream_pk = p_stream_pk;
+        -- A wake signal only: delivered by Postgres at commit, never before it; and only
+        -- when someone waits for it (0011). s is the row as locked above: a watch
+        -- registered before this transaction took the lock is in it. The wake carries
+        -- the stream's latest sequence at this commit (the header above).
+        IF p_notify AND (s.direction = 'input' OR s.watched_until > now()) THEN
+            PERFORM pg_notify('workflow_streams',
+                              'r' || p_stream_pk::text || ':' || s.latest_sequence::text);
+        END IF;
+    END IF;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.append_stream_groups(p_stream_pks bigint[], p_group_requests integer[], p_group_records integer[], p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[], p_notify boolean)
+ RETURNS TABLE(group_index integer, request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_groups    integer := coalesce(array_length(p_stream_pks, 1), 0);
+    v_records   integer := coalesce(array_length(p_sizes, 1), 0);
+    -- [k]: record k's stream, sequence and cumulative_bytes once appended whole; NULL
+    -- for the records of the other groups (append_requests inserted those).
+    v_pk        bigint[] := array_fill(NULL::bigint, ARRAY[v_records]);
+    v_seq       bigint[] := array_fill(NULL::bigint, ARRAY[v_records]);
+    v_cum       bigint[] := array_fill(NULL::bigint, ARRAY[v_records]);
+    v_inputs    boolean := false;  -- a group appended whole is an input stream's
+    v_whole     boolean;
+    -- The stream of a group appended whole, as its UPDATE left it; v_latest and
+    -- v_total_bytes start from the values before it and move record by record.
+    v_stream_pk       bigint;
+    v_direction       text;
+    v_watched_until   timestamptz;
+    v_latest          bigint;
+    v_total_bytes     bigint;
+    v_nreq      integer;
+    v_nrec      integer;
+    v_bytes     bigint;
+    v_req       integer := 0;      -- requests of the groups before g
+    v_rec       integer := 0;      -- records of the groups before g
+    g           integer;
+    k           integer;
+BEGIN
+    FOR g IN 1 .. v_groups LOOP
+        v_nreq := p_group_requests[g];
+        v_nrec := p_group_records[g];
+        v_whole := true;
+        FOR k IN v_req + 1 .. v_req + v_nreq LOOP
+            IF p_keys[k] IS NOT NULL THEN
+                v_whole := false;
+                EXIT;
+            END IF;
+        END LOOP;
+        IF v_whole THEN
+            v_bytes := 0;
+            FOR k IN v_rec + 1 .. v_rec + v_nrec LOOP
+                v_bytes := v_bytes + p_sizes[k];
+            END LOOP;
+            -- Locks and moves the row only if the whole group fits (the header above);
+            -- every ceiling is the largest allowed value: reaching it is allowed.
+            UPDATE workflow_streams.streams
+               SET latest_sequence = latest_sequence + v_nrec,
+                   total_items = total_items + v_nrec,
+                   total_bytes = total_bytes + v_bytes
+             WHERE stream_pk = p_stream_pks[g]
+               AND closed_at IS NULL
+               AND (definition -> 'credit' ->> 'max_total_items' IS NULL
+                    OR total_items + v_nrec
+                       <= workflow_streams.clamped_count(definition -> 'credit' ->> 'max_total_items'))
+               AND (definition -> 'credit' ->> 'max_total_bytes' IS NULL
+                    OR total_bytes + v_bytes
+                       <= workflow_streams.clamped_count(definition -> 'credit' ->> 'max_total_bytes'))
+               AND (min_acked_sequence IS NULL OR (
+                       (definition -> 'credit' ->> 'max_unread_items' IS NULL
+                        OR latest_sequence - min_acked_sequence + v_nrec
+                           <= workflow_streams.clamped_count(definition -> 'credit' ->> 'max_unread_items'))
+                   AND (definition -> 'credit' ->> 'max_unread_bytes' IS NULL
+                        OR total_bytes - min_acked_bytes + v_bytes
+                           <= workflow_streams.clamped_count(definition -> 'credit' ->> 'max_unread_bytes'))))
+            RETURNING stream_pk, direction, watched_until,
+                      latest_sequence - v_nrec, total_bytes - v_bytes
+                 INTO v_stream_pk, v_direction, v_watched_until, v_latest, v_total_bytes;
+            v_whole := FOUND;
+        END IF;
+
+        IF NOT v_whole THEN
+            -- Decided request by request, as if alone.
+            RETURN QUERY
+                SELECT g, a.request_index, a.outcome, a.first_sequence, a.last_sequence
+                  FROM workflow_streams.append_requests(
+                           p_stream_pks[g],
+                           p_counts[v_req + 1 : v_req + v_nreq],
+                           p_keys[v_req + 1 : v_req + v_nreq],
+                           p_hashes[v_req + 1 : v_req + v_nreq],
+                           p_payloads[v_rec + 1 : v_rec + v_nrec],
+                           p_sizes[v_rec + 1 : v_rec + v_nrec],
+                           p_objects[v_rec + 1 : v_rec + v_nrec],
+                           p_notify) a
+                 ORDER BY a.request_index;
+        ELSE
+            -- Appended whole: the records' places and each request's answer.
+            FOR k IN 1 .. v_nrec LOOP
+                v_total_bytes := v_total_bytes + p_sizes[v_rec + k];
+                v_pk[v_rec + k] := v_stream_pk;
+                v_seq[v_rec + k] := v_latest + k;
+                v_cum[v_rec + k] := v_total_bytes;
+            END LOOP;
+            group_index := g;
+            outcome := 'appended';
+            FOR k IN 1 .. v_nreq LOOP
+                request_index := k;
+                first_sequence := v_latest + 1;
+                last_sequence := v_latest + p_counts[v_req + k];
+                v_latest := last_sequence;
+                RETURN NEXT;
+            END LOOP;
+            v_inputs := v_inputs OR v_direction = 'input';
+            -- The wake as append_requests sends it (0011, 0012).
+            IF p_notify AND (v_direction = 'input' OR v_watched_until > now()) THEN
+                PERFORM pg_notify('workflow_streams',
+                                  'r' || v_stream_pk::text || ':' || v_latest::text);
+            END IF;
+        END IF;
+        v_req := v_req + v_nreq;
+        v_rec := v_rec + v_nrec;
+    END LOOP;
+
+    -- The records of every group appended whole, in one insert.
+    INSERT INTO workflow_streams.records
+           (stream_pk, sequence, payload, size, cumulative_bytes, object)
+    SELECT r.pk, r.seq, r.payload, r.size, r.cum, r.object
+      FROM unnest(v_pk, v_seq, p_payloads, p_sizes, v_cum, p_objects)
+           AS r(pk, seq, payload, size, cum, object)
+     WHERE r.seq IS NOT NULL;
+    IF v_inputs THEN
+        INSERT INTO workflow_streams.input_deliveries (stream_pk, sequence)
+        SELECT r.pk, r.seq
+          FROM unnest(v_pk, v_seq) AS r(pk, seq)
+          JOIN workflow_streams.streams st ON st.stream_pk = r.pk
+         WHERE r.seq IS NOT NULL AND st.direction = 'input';
+    END IF;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.clamped_count(p_value text)
+ RETURNS bigint
+ LANGUAGE sql
+ IMMUTABLE PARALLEL SAFE STRICT
+AS $function$
+    SELECT LEAST(GREATEST(p_value::numeric, 0), 9007199254740992)::bigint
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.delete_stream_rows()
+ RETURNS trigger
+ LANGUAGE plpgsql
+AS $function$
+BEGIN
+    DELETE FROM workflow_streams.input_deliveries d
+     USING deleted_streams g WHERE d.stream_pk = g.stream_pk;
+    DELETE FROM workflow_streams.records r
+     USING deleted_streams g WHERE r.stream_pk = g.stream_pk;
+    RETURN NULL;
+END;
+$function$;
+
+-- Triggers
+
+CREATE TRIGGER streams_delete_rows AFTER DELETE ON workflow_streams.streams REFERENCING OLD TABLE AS deleted_streams FOR EACH STATEMENT EXECUTE FUNCTION workflow_streams.delete_stream_rows();
