@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -47,6 +48,10 @@ _ENV_NAMES = {
     "object_stores": ENV_PREFIX + "OBJECT_STORE",
     "google_application_credentials": GOOGLE_CREDENTIALS_ENV,
 }
+
+
+# An origin as a browser sends it: scheme://host[:port], no path, no trailing slash.
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9a-f:.]+\]|[a-z0-9_~.-]+)(:[0-9]{1,5})?")
 
 
 def _env(field: str) -> str:
@@ -91,6 +96,8 @@ class Settings(BaseModel):
     # None: the file-descriptor limit less what the process needs for itself.
     max_connections: int | None = Field(default=None, ge=16, le=1_000_000)
     log_level: str = "INFO"
+    # Origins whose pages may call the API (http/cors.py); empty: no CORS at all.
+    cors_origins: tuple[str, ...] = ()
 
     # live delivery (LiveSettings)
     sse_keepalive_seconds: float = Field(default=10.0, ge=0.05, le=15)
@@ -140,6 +147,23 @@ class Settings(BaseModel):
             if not url.startswith(("gs://", "file://")):
                 raise ValueError(f"[{region!r}] must be a gs:// or file:// URL")
         return dict(value)
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _parse_cors_origins(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.split(",")
+        if not isinstance(value, (list, tuple)) or not all(isinstance(v, str) for v in value):
+            raise ValueError("must be a comma-separated list of origins, or *")
+        origins = tuple(dict.fromkeys(v.strip().lower() for v in value if v.strip()))
+        if "*" in origins and len(origins) > 1:
+            raise ValueError("* allows every origin and cannot be combined with others")
+        for origin in origins:
+            if origin != "*" and not _ORIGIN.fullmatch(origin):
+                raise ValueError(
+                    f"{origin!r} is not an origin (scheme://host[:port], without a path)"
+                )
+        return origins
 
     @field_validator("log_level", mode="before")
     @classmethod

@@ -23,6 +23,7 @@ from ductor_streams.http import (
 )
 from ductor_streams.http.access import authorize
 from ductor_streams.http.append_worker import close_workers
+from ductor_streams.http.cors import CorsPolicy
 from ductor_streams.http.headers import is_api_path, secure_send
 from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.problems import handle_exception
@@ -74,7 +75,7 @@ def create_app(
             await pool.close()
 
     api = Router(path=API_MOUNT, route_handlers=API_ROUTES, guards=[authorize])
-    return StreamsApp(
+    app = StreamsApp(
         route_handlers=[
             api,
             *health.ROUTES,
@@ -100,14 +101,24 @@ def create_app(
         # would replace the root handler with its plain-text one.
         logging_config=None,
     )
+    app.cors = CorsPolicy(settings.cors_origins) if settings.cors_origins else None
+    return app
 
 
 class StreamsApp(Litestar):
     """The Litestar app with the records front (http/records_front.py) before it: appends
-    and reads of records are answered there, everything else by Litestar."""
+    and reads of records are answered there, everything else by Litestar. The CORS layer
+    (http/cors.py), when configured, comes before both."""
+
+    cors: CorsPolicy | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] == "http":
+            if self.cors is not None:
+                screened = await self.cors.screen(scope, send)
+                if screened is None:
+                    return  # a preflight, answered by the CORS layer
+                send = screened
             route = records_route(scope)
             if route is not None:
                 await answer_records(self.state, scope, receive, send, route)

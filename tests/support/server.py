@@ -40,6 +40,8 @@ def settings_env(settings: Settings) -> dict[str, str]:
         env["DUCTOR_STREAMS_OBJECT_STORE"] = json.dumps(dict(settings.object_stores))
     if settings.temporal_address:
         env["DUCTOR_STREAMS_TEMPORAL_ADDRESS"] = settings.temporal_address
+    if settings.cors_origins:
+        env["DUCTOR_STREAMS_CORS_ORIGINS"] = ",".join(settings.cors_origins)
     return env
 
 
