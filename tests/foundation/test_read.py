@@ -128,3 +128,16 @@ async def test_redaction_applies_without_read_unredacted(client, auth, run_id):
     unredacted = auth(scopes=["streams:read", "streams:read_unredacted"])
     rec = (await _read(client, unredacted, run_id)).json()["records"][0]
     assert rec["payload"]["user"]["email"] == "a@b.c"
+
+
+async def test_redaction_pointer_escapes_unescape_tilde_one_before_tilde_zero(
+    client, auth, run_id
+):
+    """RFC 6901: `~1` becomes `/` first, then `~0` becomes `~`, so `~01` is the key
+    `~1` spelled out (here `a~1`) and never `a/`; `~10` is `/0`."""
+    admin = auth()
+    await create(client, admin, run_id, redaction={"json_pointers": ["/a~01", "/b~10"]})
+    payload = {"a~1": 1, "a/": 2, "a~": 3, "b/0": 4, "b~0": 5, "b~10": 6}
+    await append(client, admin, run_id, [payload])
+    rec = (await _read(client, auth(scopes=["streams:read"]), run_id)).json()["records"][0]
+    assert rec["payload"] == {**payload, "a~1": "[REDACTED]", "b/0": "[REDACTED]"}

@@ -19,6 +19,10 @@ from tests.conftest import JWT_SECRET
 from tests.support.live import eventually, stream_pk
 from tests.support.server import ServerProcess
 
+# An SSE test that hangs (a response that never ends) fails here, well before the
+# suite's 300 s: the slowest of these takes a few seconds.
+pytestmark = pytest.mark.timeout(60)
+
 
 def token(tenant: str) -> str:
     return issue_token(

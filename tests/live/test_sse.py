@@ -8,6 +8,7 @@ import random
 import re
 
 import httpx
+import pytest
 
 from tests.support.live import (
     Collected,
@@ -20,6 +21,10 @@ from tests.support.live import (
     stream_pk,
     stream_url,
 )
+
+# An SSE test that hangs (a response that never ends) fails here, well before the
+# suite's 300 s: the slowest of these takes a few seconds.
+pytestmark = pytest.mark.timeout(60)
 
 
 async def fed_batches(c: httpx.AsyncClient) -> float:

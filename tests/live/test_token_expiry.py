@@ -10,11 +10,16 @@ import time
 
 import httpx
 import jwt
+import pytest
 
 from ductor_streams.auth import issue_token
 from ductor_streams.client import StreamsClient
 from tests.conftest import JWT_SECRET
 from tests.support.live import eventually
+
+# An SSE test that hangs (a response that never ends) fails here, well before the
+# suite's 300 s: the slowest of these takes a few seconds.
+pytestmark = pytest.mark.timeout(60)
 
 SCOPES = ["streams:read", "streams:write", "streams:admin"]
 

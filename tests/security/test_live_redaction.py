@@ -10,10 +10,15 @@ import json
 from typing import Any
 
 import httpx
+import pytest
 
 from ductor_streams.auth import SCOPES
 from tests.security.test_auth_matrix import assert_problem
 from tests.security.world import World, bearer
+
+# An SSE test that hangs (a response that never ends) fails here, well before the
+# suite's 300 s: the slowest of these takes a few seconds.
+pytestmark = pytest.mark.timeout(60)
 
 
 async def _first_record(response: httpx.Response, sequence: int) -> dict[str, Any]:

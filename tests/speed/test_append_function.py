@@ -285,6 +285,30 @@ def _cases() -> list[Case]:
             ceilings=(("max_unread_items", 3),),
             acked=1,
         ),
+        # The byte ceiling passed by one byte: decided request by request.
+        Case(
+            [batch("x" * 30), batch("yy")],
+            whole=False,
+            ceilings=(("max_total_bytes", 2 * len('"first"') + 32 + 3),),
+        ),
+        # Unread bytes after the ack: 7 of the two records put in first stay unread, and
+        # the group's two 5-byte records reach a 17-byte ceiling exactly ...
+        Case(
+            [batch("aaa"), batch("bbb")],
+            whole=True,
+            consumers=("c",),
+            ceilings=(("max_unread_bytes", len('"first"') + 5 + 5),),
+            acked=1,
+        ),
+        # ... and 5 + 6 passes it by one byte: the first request goes in, the second is
+        # refused for credit.
+        Case(
+            [batch("aaa"), batch("bbbb")],
+            whole=False,
+            consumers=("c",),
+            ceilings=(("max_unread_bytes", len('"first"') + 5 + 5),),
+            acked=1,
+        ),
         Case([batch("k1"), batch("k2", key="k")], whole=False),
         Case([batch("late")], whole=False, closed=True),
         Case([batch("o1", "o2", obj={"object_id": "o-9"}), batch("o3")], whole=True),
