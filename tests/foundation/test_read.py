@@ -130,9 +130,7 @@ async def test_redaction_applies_without_read_unredacted(client, auth, run_id):
     assert rec["payload"]["user"]["email"] == "a@b.c"
 
 
-async def test_redaction_pointer_escapes_unescape_tilde_one_before_tilde_zero(
-    client, auth, run_id
-):
+async def test_redaction_pointer_escapes_unescape_tilde_one_before_tilde_zero(client, auth, run_id):
     """RFC 6901: `~1` becomes `/` first, then `~0` becomes `~`, so `~01` is the key
     `~1` spelled out (here `a~1`) and never `a/`; `~10` is `/0`."""
     admin = auth()
