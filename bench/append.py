@@ -16,12 +16,16 @@ generator's whole life divided by the appends it answered with 2xx.
 
 The credit shape is "16 clients, 1 stream" on a stream with a consumer and every
 ceiling set (never reached): its throughput against the plain shape is the credit
-overhead (issue 4 wants it under 10%).
+overhead (issue 4 wants it under 10%). The CORS shapes are "1 client" and "16 clients,
+1 stream" against a second server with ``DUCTOR_STREAMS_CORS_ORIGINS`` set, every request
+from that origin (each answer carries the CORS headers): their throughput against the
+plain shape's, run back to back, is what CORS costs when it is set.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -57,6 +61,9 @@ class Shape:
     streams: int
     batch: int = 1
     credit: bool = False
+    # Against a second server with DUCTOR_STREAMS_CORS_ORIGINS set, each request from
+    # that origin (so every answer carries the CORS headers).
+    cors: bool = False
     target: str = ""
 
     @property
@@ -84,7 +91,12 @@ SHAPES = [
         credit=True,
         target="overhead < 10%",
     ),
+    Shape("1x1cors", "1 client, 1 stream, CORS origin", 1, 1, cors=True, target="overhead"),
+    Shape("16x1cors", "16 clients, 1 stream, CORS origin", 16, 1, cors=True, target="overhead"),
 ]
+
+# The origin of the CORS shapes' requests, and the second server's setting.
+CORS_ORIGIN = "https://app.example.com"
 
 
 def _definition(stream_id: str, credit: bool) -> dict[str, Any]:
@@ -198,7 +210,7 @@ def run_raw(dsn: str, shape: Shape, seconds: float, warmup: float) -> dict[str, 
 
 
 # A shape measured against another (its overhead): their service runs go back to back.
-TWIN_OF = {"16x1credit": "16x1"}
+TWIN_OF = {"16x1credit": "16x1", "1x1cors": "1x1", "16x1cors": "16x1"}
 
 
 def rounds(wanted: list[Shape], run: int) -> list[list[Shape]]:
@@ -249,15 +261,15 @@ def summarise(results: dict[str, dict[str, list[dict[str, Any]]]]) -> list[dict[
         row["ratio"] = row["service_per_second"] / row["raw_per_second"]
         rows.append(row)
     by_key = {r["shape"]: r for r in rows}
-    if "16x1credit" in by_key and "16x1" in by_key:
-        # Paired per run (back to back, see rounds), then the median of the pairs.
-        pairs = [
-            c["per_second"] / p["per_second"]
-            for c, p in zip(
-                results["16x1credit"]["service"], results["16x1"]["service"], strict=True
-            )
-        ]
-        by_key["16x1credit"]["credit_overhead_pct"] = 100 * (1 - statistics.median(pairs))
+    for key, twin in TWIN_OF.items():
+        if key in by_key and twin in by_key:
+            # Paired per run (back to back, see rounds), then the median of the pairs.
+            pairs = [
+                c["per_second"] / p["per_second"]
+                for c, p in zip(results[key]["service"], results[twin]["service"], strict=True)
+            ]
+            by_key[key]["overhead_pct"] = 100 * (1 - statistics.median(pairs))
+            by_key[key]["overhead_of"] = twin
     return rows
 
 
@@ -271,8 +283,10 @@ def print_table(rows: list[dict[str, Any]], out: Any = sys.stdout) -> None:
     print("-" * len(header), file=out)
     for r in rows:
         note = r["target"]
-        if "credit_overhead_pct" in r:
-            note = f"overhead {r['credit_overhead_pct']:.1f}% (target < 10%)"
+        if "overhead_pct" in r:
+            note = f"overhead {r['overhead_pct']:.1f}% vs {r['overhead_of']}"
+            if r["shape"] == "16x1credit":
+                note += " (target < 10%)"
         if r["non_2xx"]:
             note += f"  [{r['non_2xx']} non-2xx answers]"
         print(
@@ -329,10 +343,17 @@ def main(argv: list[str] | None = None) -> int:
 
     with postgres_server() as server_dsn, isolated_database(server_dsn) as dsn:
         asyncio.run(migrate(dsn))
-        with service(dsn) as (server, settings):
+        with contextlib.ExitStack() as stack:
+            server, settings = stack.enter_context(service(dsn))
             assert settings.jwt_secret is not None
             token = bench_token(settings.jwt_secret)
             headers = {"Authorization": f"Bearer {token}"}
+            cors_server = server
+            if any(s.cors for s in wanted):
+                cors_server, _ = stack.enter_context(
+                    service(dsn, jwt_secret=settings.jwt_secret, cors_origins=CORS_ORIGIN)
+                )
+            cors_headers = {**headers, "Origin": CORS_ORIGIN}
             for run in range(args.runs):
                 for together in rounds(wanted, run):
                     for shape in together:
@@ -342,7 +363,14 @@ def main(argv: list[str] | None = None) -> int:
                             flush=True,
                         )
                         results[shape.key]["service"].append(
-                            run_service(server, headers, shape, args.seconds, args.warmup, client)
+                            run_service(
+                                cors_server if shape.cors else server,
+                                cors_headers if shape.cors else headers,
+                                shape,
+                                args.seconds,
+                                args.warmup,
+                                client,
+                            )
                         )
                     for shape in together:
                         results[shape.key]["raw"].append(

@@ -57,12 +57,19 @@ def isolated_database(server_dsn: str) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def service(dsn: str) -> Iterator[tuple[ServerProcess, Settings]]:
-    """``ductor-streams serve --no-workers`` on a free port, over the given database."""
-    settings = Settings(database_url=dsn, jwt_secret=secrets.token_hex(24), region="local")
+def service(
+    dsn: str, *, jwt_secret: str | None = None, cors_origins: str | None = None
+) -> Iterator[tuple[ServerProcess, Settings]]:
+    """``ductor-streams serve --no-workers`` on a free port, over the given database;
+    ``jwt_secret`` to accept another server's tokens, ``cors_origins`` to set
+    DUCTOR_STREAMS_CORS_ORIGINS."""
+    settings = Settings(
+        database_url=dsn, jwt_secret=jwt_secret or secrets.token_hex(24), region="local"
+    )
+    env = {"DUCTOR_STREAMS_CORS_ORIGINS": cors_origins} if cors_origins else {}
     with tempfile.NamedTemporaryFile(prefix="ds-bench-server-", suffix=".log", delete=False) as log:
         log_path = Path(log.name)
-    with ServerProcess(settings, log_path=log_path) as server:
+    with ServerProcess(settings, extra_env=env, log_path=log_path) as server:
         yield server, settings
 
 
