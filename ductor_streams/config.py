@@ -107,6 +107,10 @@ class Settings(BaseModel):
     sse_buffer_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024**3)
     sse_stall_seconds: float = Field(default=30.0, ge=0.5, le=3600)
 
+    # the Durable Streams endpoint (docs/durable-streams.md)
+    ds_long_poll_seconds: float = Field(default=20.0, ge=0.05, le=300)
+    ds_sse_seconds: float = Field(default=60.0, ge=0.05, le=3600)
+
     # input delivery (DispatcherConfig); None keeps the dispatcher's own default
     delivery_lease_seconds: float | None = Field(default=None, ge=0.5, le=3600)
     delivery_batch: int | None = Field(default=None, ge=1, le=10_000)

@@ -1,11 +1,12 @@
 """Stream definitions: the immutable pins of a stream, with every default filled in.
 
 Defaults and bounds (documented in docs/decisions.md, "Definitions"):
-content_class ``json``; schema ``null``; consumers ``[]`` (input streams always get
-``workflow``); credit 1,000 unread items / 16 MiB unread bytes, no total ceilings,
-``reject`` when unread credit is exhausted, ``block_timeout_ms`` 0; retention keeps
-everything; no redaction; placement at this deployment's region (object regions: this
-region when it has an object store); any principal of the tenant may read and write.
+content_class ``json``; media_type ``application/json``; schema ``null``; consumers
+``[]`` (input streams always get ``workflow``); credit 1,000 unread items / 16 MiB
+unread bytes, no total ceilings, ``reject`` when unread credit is exhausted,
+``block_timeout_ms`` 0; retention keeps everything; no redaction; placement at this
+deployment's region (object regions: this region when it has an object store); any
+principal of the tenant may read and write.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ WORKFLOW_CONSUMER = "workflow"
 ConsumerId = Annotated[str, StringConstraints(pattern=CONSUMER_ID_PATTERN)]
 Region = Annotated[str, StringConstraints(min_length=1, max_length=64)]
 Principal = Annotated[str, StringConstraints(min_length=1, max_length=255)]
+# A media type (RFC 9110 token "/" token, optional parameters), e.g. "text/plain;
+# charset=utf-8": what a Durable Streams reader gets as Content-Type (docs/durable-streams.md).
+MEDIA_TYPE_PATTERN = r"^[A-Za-z0-9!#$&^_.+-]+/[A-Za-z0-9!#$&^_.+-]+(\s*;[ -~]*)?$"
+JSON_MEDIA_TYPE = "application/json"
+MediaType = Annotated[str, StringConstraints(pattern=MEDIA_TYPE_PATTERN, max_length=255)]
 JsonPointer = Annotated[str, StringConstraints(pattern=r"^(/([^~]|~[01])*)*$", max_length=1024)]
 
 # Upper bounds of the numbers of a definition (docs/decisions.md, "Definitions"). Every
@@ -91,6 +97,9 @@ class StreamDefinition(_Pins):
     stream_id: Annotated[str, StringConstraints(pattern=STREAM_ID_PATTERN)]
     direction: Literal["input", "output"]
     content_class: str = "json"
+    # How the payloads are read as bytes over the Durable Streams endpoint: JSON values
+    # (application/json), JSON strings of text (text/*), or base64 strings of bytes.
+    media_type: MediaType = JSON_MEDIA_TYPE
     schema_: Annotated[str, StringConstraints(max_length=255)] | None = Field(
         default=None, alias="schema"
     )
@@ -140,6 +149,11 @@ def parse_definition(
     if parsed.content_class not in CONTENT_CLASSES:
         raise InvalidDefinition(f"content_class: must be one of {', '.join(CONTENT_CLASSES)}")
 
+    if parsed.redaction.json_pointers and not is_json_media_type(parsed.media_type):
+        raise InvalidDefinition(
+            "redaction: JSON pointers apply only to streams of media type application/json"
+        )
+
     consumers = list(dict.fromkeys(parsed.consumers))
     if parsed.direction == "input" and WORKFLOW_CONSUMER not in consumers:
         consumers.insert(0, WORKFLOW_CONSUMER)
@@ -173,6 +187,16 @@ def parse_definition(
         # Postgres text and jsonb cannot hold NUL: refuse it here, as bad input.
         raise InvalidDefinition("text in a definition may not contain NUL (\\u0000)")
     return filled
+
+
+def media_type_essence(media_type: str) -> str:
+    """The type/subtype of a media type, lower case, without parameters."""
+    return media_type.split(";", 1)[0].strip().lower()
+
+
+def is_json_media_type(media_type: str) -> bool:
+    """Whether a stream of this media type holds JSON values (DS JSON mode)."""
+    return media_type_essence(media_type) == JSON_MEDIA_TYPE
 
 
 def _holds_nul(value: Any) -> bool:

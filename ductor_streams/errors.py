@@ -326,3 +326,62 @@ class InvalidPage(StreamsError):
 
     code = "invalid_page"
     status = 400
+
+
+# -- the Durable Streams endpoint (docs/durable-streams.md) ---------------------------
+
+
+class InvalidOffset(StreamsError):
+    """A Durable Streams offset is -1, now or an offset this server returned."""
+
+    code = "invalid_offset"
+    status = 400
+
+
+class ExpiryUnsupported(StreamsError):
+    """Streams do not expire here; Stream-TTL and Stream-Expires-At are refused."""
+
+    code = "expiry_unsupported"
+    status = 400
+
+
+class ForkUnsupported(StreamsError):
+    """Stream forks are not implemented."""
+
+    code = "fork_unsupported"
+    status = 501
+
+
+class MediaTypeMismatch(StreamsError):
+    """The body's Content-Type is not the stream's media type."""
+
+    code = "media_type_mismatch"
+    status = 409
+
+
+class StreamSeqConflict(StreamsError):
+    """Stream-Seq must be greater than the last one accepted on this stream."""
+
+    code = "stream_seq_conflict"
+    status = 409
+
+
+class ProducerFenced(StreamsError):
+    """A newer epoch of this producer has written; this one is fenced."""
+
+    code = "producer_fenced"
+    status = 403
+
+
+class ProducerSeqGap(StreamsError):
+    """Producer-Seq skips a sequence; send the expected one first."""
+
+    code = "producer_seq_gap"
+    status = 409
+
+
+class InvalidProducer(StreamsError):
+    """The producer headers are malformed (all three, integers, a new epoch at seq 0)."""
+
+    code = "invalid_producer"
+    status = 400

@@ -24,6 +24,7 @@ from ductor_streams.http import (
 from ductor_streams.http.access import authorize
 from ductor_streams.http.append_worker import close_workers
 from ductor_streams.http.cors import CorsPolicy
+from ductor_streams.http.ds.front import answer_ds, ds_route
 from ductor_streams.http.headers import is_api_path, secure_send
 from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.problems import handle_exception
@@ -106,9 +107,10 @@ def create_app(
 
 
 class StreamsApp(Litestar):
-    """The Litestar app with the records front (http/records_front.py) before it: appends
-    and reads of records are answered there, everything else by Litestar. The CORS layer
-    (http/cors.py), when configured, comes before both."""
+    """The Litestar app with the records front (http/records_front.py) and the Durable
+    Streams endpoint (http/ds/) before it: appends and reads of records and DS requests
+    are answered there, everything else by Litestar. The CORS layer (http/cors.py), when
+    configured, comes before all of them."""
 
     cors: CorsPolicy | None = None
 
@@ -122,6 +124,10 @@ class StreamsApp(Litestar):
             route = records_route(scope)
             if route is not None:
                 await answer_records(self.state, scope, receive, send, route)
+                return
+            ds = ds_route(scope)
+            if ds is not None:
+                await answer_ds(self.state, scope, receive, send, ds)
                 return
         await self.without_front(scope, receive, send)
 

@@ -51,12 +51,17 @@ SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 def followers_of(app: Litestar) -> Followers:
     """The process's live delivery, created on first use over the app's pool and hub."""
-    followers: Followers | None = app.state.get("live_followers")
+    return followers_in(app.state)
+
+
+def followers_in(state: Any) -> Followers:
+    """``followers_of`` for the app's state (the fronts before Litestar have only that)."""
+    followers: Followers | None = state.get("live_followers")
     if followers is None:
-        followers = Followers(app.state.store.pool, app.state.hub, app.state.settings.live)
-        app.state.live_followers = followers
+        followers = Followers(state.store.pool, state.hub, state.settings.live)
+        state.live_followers = followers
         # Appends of this process reach its subscribers without a read (store/append.py).
-        app.state.store.appender.feed = followers
+        state.store.appender.feed = followers
     return followers
 
 

@@ -21,6 +21,10 @@ class StreamDirectory:
         self._cache: dict[StreamKey, StreamRef] = {}
         self._max_entries = max_entries
 
+    def remember(self, ref: StreamRef) -> StreamRef:
+        """Cache a stream known to exist (created in a transaction that has committed)."""
+        return self._remember(ref)
+
     def _remember(self, ref: StreamRef) -> StreamRef:
         if len(self._cache) >= self._max_entries:
             self._cache.clear()
@@ -45,13 +49,23 @@ class StreamDirectory:
             raise NotFound(f"stream {key.stream_id!r} of run {key.run_id!r} does not exist")
         return ref
 
-    async def create(self, key: StreamKey, definition: StreamDefinition) -> tuple[StreamRef, bool]:
+    async def create(
+        self,
+        key: StreamKey,
+        definition: StreamDefinition,
+        *,
+        connection: asyncpg.Connection | None = None,
+        exact: bool = True,
+    ) -> tuple[StreamRef, bool]:
         """Create the stream, or return the existing one when the definition is identical.
 
-        Returns ``(ref, created)``; a different stored definition is a DefinitionConflict.
+        Returns ``(ref, created)``; a different stored definition is a DefinitionConflict
+        (``exact=False``: the existing stream is returned whatever its definition, for the
+        caller to compare). On ``connection`` (a transaction of the caller's) a created
+        stream is not cached: the caller ``remember``s it once the transaction commits.
         """
         body = json.dumps(definition.to_json_dict(), separators=(",", ":"))
-        row = await self._pool.fetchrow(
+        row = await (connection or self._pool).fetchrow(
             QUERIES["stream_insert"],
             key.tenant,
             key.run_id,
@@ -61,9 +75,10 @@ class StreamDirectory:
             list(definition.consumers),
         )
         if row is not None:
-            return self._remember(StreamRef(key, row["stream_pk"], definition)), True
+            ref = StreamRef(key, row["stream_pk"], definition)
+            return (ref if connection is not None else self._remember(ref)), True
         existing = await self.get(key)
-        if existing.definition.to_json_dict() != definition.to_json_dict():
+        if exact and existing.definition.to_json_dict() != definition.to_json_dict():
             raise DefinitionConflict(
                 f"stream {key.stream_id!r} already exists with a different definition"
             )

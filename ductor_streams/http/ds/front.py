@@ -1,0 +1,187 @@
+"""The DS endpoint's way in: routing, authentication, the one error mapping, responses.
+
+Like the records front (http/records_front.py), DS requests are answered before
+Litestar, as plain ASGI: appends and reads are the hot path, and the protocol's exact
+headers (Content-Type of the stream, caching, no ``Cache-Control: no-store`` on
+catch-up reads) are ours to write. The routes are not in the OpenAPI document; the
+protocol has its own specification (docs/durable-streams.md).
+
+Access is the native API's: the bearer token, the run's visibility and the stream's
+lists (401, 404, 403 problems in that order); PUT needs ``streams:admin``, POST
+``streams:write`` (and ``streams:admin`` to close), GET and HEAD ``streams:read``.
+Every answer, errors too, carries ``X-Content-Type-Options: nosniff`` and
+``Cross-Origin-Resource-Policy: cross-origin``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qsl
+
+from ductor_streams.auth import Principal
+from ductor_streams.errors import (
+    Forbidden,
+    InvalidInput,
+    MethodNotAllowed,
+    NotFound,
+    StreamsError,
+)
+from ductor_streams.http.access import authenticate
+from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
+from ductor_streams.http.records_front import ClientGone
+from ductor_streams.names import API_MOUNT
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+DS_PATH = re.compile(re.escape(API_MOUNT) + r"/runs/([^/]+)/ds/v1/stream/([^/]+)")
+ALLOW = "GET, HEAD, POST, PUT, OPTIONS"
+NO_STORE = "no-store"
+SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
+    (b"x-content-type-options", b"nosniff"),
+    (b"cross-origin-resource-policy", b"cross-origin"),
+)
+
+
+@dataclass
+class Reply:
+    """A DS answer: status, headers (names as the protocol spells them) and body."""
+
+    status: int
+    headers: dict[str, str] = field(default_factory=dict)
+    body: bytes = b""
+
+
+class Refusal(Exception):
+    """A domain error with the DS headers its answer carries (e.g. ``Stream-Closed``)."""
+
+    def __init__(self, error: StreamsError, headers: dict[str, str]) -> None:
+        super().__init__(error.detail)
+        self.error = error
+        self.headers = headers
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the DS handlers need of one request."""
+
+    state: Any
+    scope: Scope
+    receive: Receive
+    run_id: str
+    stream_id: str
+    headers: dict[str, str]
+    query: list[tuple[str, str]]
+
+    @property
+    def path(self) -> str:
+        return str(self.scope["path"])
+
+    def header(self, name: str) -> str | None:
+        return self.headers.get(name)
+
+    def param(self, name: str) -> str | None:
+        """The query parameter's value; InvalidInput when it is given twice."""
+        values = [v for k, v in self.query if k == name]
+        if len(values) > 1:
+            raise InvalidInput(f"the query parameter {name!r} is given more than once")
+        return values[0] if values else None
+
+    def authenticate(self, scope: str) -> Principal:
+        return authenticate(
+            self.scope["headers"],
+            self.run_id,
+            scope,
+            self.state.settings.require_jwt_secret(),
+        )
+
+
+def ds_route(scope: Scope) -> re.Match[str] | None:
+    """The path's match when it is a DS stream URL (groups: run and stream ids)."""
+    return DS_PATH.fullmatch(scope["path"])
+
+
+async def answer_ds(
+    state: Any, scope: Scope, receive: Receive, send: Send, route: re.Match[str]
+) -> None:
+    """Answer one DS request (``route`` is what ``ds_route`` matched)."""
+    # Imported here: the handler modules import this one.
+    from ductor_streams.http.ds import reads, sse, writes
+
+    headers: dict[str, str] = {}
+    for key, value in scope["headers"]:
+        headers.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
+    request = Request(
+        state,
+        scope,
+        receive,
+        route.group(1),
+        route.group(2),
+        headers,
+        parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True),
+    )
+    method = scope["method"]
+    try:
+        if method == "OPTIONS":
+            # A preflight carries no credentials; whatever CORS allows is added around us.
+            reply = Reply(204, {"Allow": ALLOW, "Cache-Control": NO_STORE})
+        elif method == "PUT":
+            reply = await writes.create(request)
+        elif method == "POST":
+            reply = await writes.append(request)
+        elif method == "HEAD":
+            reply = await reads.head(request)
+        elif method == "GET":
+            if request.param("live") == "sse":
+                await sse.stream(request, send)
+                return
+            reply = await reads.read(request)
+        else:
+            # DELETE too: streams live as long as their run (docs/durable-streams.md).
+            raise Refusal(MethodNotAllowed(f"{method} is not supported here"), {"Allow": ALLOW})
+    except ClientGone:
+        return
+    except Exception as exc:  # the one mapping for every error of this endpoint
+        reply = problem_reply(exc, request.path)
+    await respond(send, reply, head=method == "HEAD")
+
+
+def problem_reply(exc: Exception, path: str) -> Reply:
+    extra: dict[str, str] = {}
+    if isinstance(exc, Refusal):
+        extra = exc.headers
+        exc = exc.error
+    status, body, headers = problem_parts(error_for(exc, path), path)
+    return Reply(
+        status,
+        {"Content-Type": PROBLEM_JSON, "Cache-Control": NO_STORE, **headers, **extra},
+        body,
+    )
+
+
+def require_admin(principal: Principal) -> None:
+    if not principal.has("streams:admin"):
+        raise Forbidden("closing a stream needs the scope 'streams:admin'")
+
+
+def not_found(stream_id: str) -> NotFound:
+    return NotFound(f"stream {stream_id!r} does not exist")
+
+
+def response_start(status: int, headers: dict[str, str], length: int | None) -> dict[str, Any]:
+    raw = [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers.items()]
+    if length is not None:
+        raw.append((b"content-length", str(length).encode()))
+    raw.extend(SECURITY_HEADERS)
+    return {"type": "http.response.start", "status": status, "headers": raw}
+
+
+async def respond(send: Send, reply: Reply, *, head: bool = False) -> None:
+    body = reply.body
+    no_body = reply.status in (204, 304)
+    await send(response_start(reply.status, reply.headers, None if no_body else len(body)))
+    await send({"type": "http.response.body", "body": b"" if head or no_body else body})

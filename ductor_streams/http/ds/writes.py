@@ -1,0 +1,232 @@
+"""PUT (create) and POST (append, append-and-close, close) of the DS endpoint.
+
+A plain append (no ``Stream-Seq``, producer headers or ``Stream-Closed``) is a native
+append: the same group-commit path, credit, quotas and input delivery
+(``Store.append``). Any writer coordination takes ``ds_append`` instead (migration
+0016): one statement per request, its checks decided under the stream's row lock in the
+transaction that appends, so that no retry is accepted twice and no fenced producer
+appends. A create with a body and/or ``Stream-Closed`` is one transaction too.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ductor_streams import metrics
+from ductor_streams.definitions import STREAM_ID_RE, parse_definition
+from ductor_streams.errors import (
+    CreditExhausted,
+    DefinitionConflict,
+    ExpiryUnsupported,
+    ForkUnsupported,
+    InvalidBody,
+    InvalidInput,
+    InvalidProducer,
+    MediaTypeMismatch,
+    NotFound,
+    ProducerFenced,
+    ProducerSeqGap,
+    QuotaExhausted,
+    StreamClosed,
+    StreamSeqConflict,
+)
+from ductor_streams.http.access import resolve_stream
+from ductor_streams.http.ds import media
+from ductor_streams.http.ds.front import (
+    Refusal,
+    Reply,
+    Request,
+    not_found,
+    require_admin,
+)
+from ductor_streams.http.ds.offsets import format_offset
+from ductor_streams.http.records_front import _read_body
+from ductor_streams.store import StreamKey, StreamRef, ds
+from ductor_streams.store.ds import WriteOutcome, WriterHeaders
+
+# Enough for the largest batch of any media type (http/ds/media.py).
+MAX_BODY = max(media.MAX_JSON_BODY, media.MAX_BYTES_BODY)
+# What a PUT's Content-Type must look like to be kept (else the protocol's default).
+_CREATE_TYPE = re.compile(r"^[\w.+-]+/[\w.+-]+")
+_MAX_SAFE_INTEGER = 2**53 - 1
+_DIGITS = re.compile(r"[0-9]{1,16}")
+
+
+def _flag(request: Request, name: str) -> bool:
+    """A protocol boolean header: present only when exactly ``true`` (any case)."""
+    value = request.header(name)
+    return value is not None and value.strip().lower() == "true"
+
+
+async def _body(request: Request) -> bytes:
+    return bytes(
+        await _read_body(request.scope["headers"], request.receive, MAX_BODY)  # type: ignore[arg-type]
+    )
+
+
+async def create(request: Request) -> Reply:
+    """PUT: create an output stream (201), or confirm an existing one (200 / 409)."""
+    principal = request.authenticate("streams:admin")
+    if not STREAM_ID_RE.fullmatch(request.stream_id):
+        raise not_found(request.stream_id)
+    if request.header("stream-ttl") is not None or request.header("stream-expires-at") is not None:
+        raise ExpiryUnsupported("streams never expire here; retention prunes records instead")
+    if request.header("stream-forked-from") is not None:
+        raise ForkUnsupported()
+    for name in ("stream-fork-offset", "stream-fork-sub-offset"):
+        if request.header(name) is not None:
+            raise InvalidInput(f"{name} needs Stream-Forked-From")
+    given = (request.header("content-type") or "").strip()
+    media_type = given if _CREATE_TYPE.match(given) else media.DEFAULT_CREATE_TYPE
+    closed = _flag(request, "stream-closed")
+    settings = request.state.settings
+    definition = parse_definition(
+        {"stream_id": request.stream_id, "direction": "output", "media_type": media_type},
+        region=settings.region,
+        object_store_regions=settings.object_store_regions,
+    )
+    body = await _body(request)
+    batch = media.encode_body(media.mode_of(media_type), media_type, body, create=True)
+    store = request.state.store
+    key = StreamKey(principal.tenant, request.run_id, request.stream_id)
+    ref, created, _ = await ds.create(store.pool, store.directory, key, definition, batch, closed)
+    head = await ds.head(store.pool, ref.stream_pk)
+    if not created and (
+        not media.same_media_type(ref.definition.media_type, media_type) or head.closed != closed
+    ):
+        raise DefinitionConflict(
+            f"stream {request.stream_id!r} exists with another media type or closed state"
+        )
+    if created and batch is not None:
+        metrics.count_append("output", batch.count, batch.bytes)
+    headers = {
+        "Content-Type": ref.definition.media_type,
+        "Stream-Next-Offset": format_offset(head.latest_sequence),
+        "Cache-Control": "no-store",
+    }
+    if created:
+        host = request.header("host") or "localhost"
+        headers["Location"] = f"{request.scope.get('scheme', 'http')}://{host}{request.path}"
+    if head.closed:
+        headers["Stream-Closed"] = "true"
+    return Reply(201 if created else 200, headers)
+
+
+def _writer_headers(request: Request) -> WriterHeaders:
+    producer_id = request.header("producer-id")
+    epoch = request.header("producer-epoch")
+    seq = request.header("producer-seq")
+    given = [v for v in (producer_id, epoch, seq) if v is not None]
+    if given and len(given) != 3:
+        raise InvalidProducer("Producer-Id, Producer-Epoch and Producer-Seq go together")
+    if producer_id is not None and epoch is not None and seq is not None:
+        if not producer_id.strip():
+            raise InvalidProducer("Producer-Id must not be empty")
+        numbers = []
+        for name, value in (("Producer-Epoch", epoch), ("Producer-Seq", seq)):
+            if not _DIGITS.fullmatch(value.strip()) or int(value) > _MAX_SAFE_INTEGER:
+                raise InvalidProducer(f"{name} must be an integer from 0 to 2^53-1")
+            numbers.append(int(value))
+        return WriterHeaders(
+            close=_flag(request, "stream-closed"),
+            stream_seq=request.header("stream-seq"),
+            producer_id=producer_id,
+            producer_epoch=numbers[0],
+            producer_seq=numbers[1],
+        )
+    return WriterHeaders(
+        close=_flag(request, "stream-closed"), stream_seq=request.header("stream-seq")
+    )
+
+
+async def _closed_refusal(request: Request, ref: StreamRef) -> Refusal:
+    head = await ds.head(request.state.store.pool, ref.stream_pk)
+    return Refusal(
+        StreamClosed(),
+        {"Stream-Closed": "true", "Stream-Next-Offset": format_offset(head.latest_sequence)},
+    )
+
+
+async def append(request: Request) -> Reply:
+    """POST: append the body (204, or 200 for a producer's new data), close, or both."""
+    writer = _writer_headers(request)
+    principal = request.authenticate("streams:write")
+    if writer.close:
+        require_admin(principal)
+    store = request.state.store
+    ref = await resolve_stream(store, principal, request.run_id, request.stream_id, "write", "POST")
+    body = await _body(request)
+    batch = None
+    if not body:
+        if not writer.close:
+            raise InvalidBody("an append needs a body (or Stream-Closed: true to close)")
+    else:
+        content_type = request.header("content-type")
+        if not content_type:
+            raise InvalidInput("an append with a body needs a Content-Type")
+        if not media.same_media_type(content_type, ref.definition.media_type):
+            head = await ds.head(store.pool, ref.stream_pk)
+            if head.closed:  # the protocol's precedence: closed first
+                raise await _closed_refusal(request, ref)
+            raise Refusal(
+                MediaTypeMismatch(f"the stream's media type is {ref.definition.media_type}"), {}
+            )
+        media_type = ref.definition.media_type
+        batch = media.encode_body(media.mode_of(media_type), media_type, body, create=False)
+    if writer.plain:
+        assert batch is not None
+        try:
+            result = await store.append(ref, batch)
+        except StreamClosed:
+            raise await _closed_refusal(request, ref) from None
+        return Reply(204, {"Stream-Next-Offset": format_offset(result.last_sequence)})
+    outcome = await ds.write(store.pool, ref.stream_pk, batch, writer)
+    if outcome.outcome == "appended" and batch is not None:
+        metrics.count_append(ref.definition.direction, batch.count, batch.bytes)
+    return _answer(ref, writer, outcome)
+
+
+def _answer(ref: StreamRef, writer: WriterHeaders, outcome: WriteOutcome) -> Reply:
+    name = outcome.outcome
+    tail = {"Stream-Next-Offset": format_offset(outcome.latest_sequence)}
+    if outcome.closed:
+        tail["Stream-Closed"] = "true"
+    producer = {}
+    if writer.producer_id is not None:
+        producer = {
+            "Producer-Epoch": str(writer.producer_epoch),
+            "Producer-Seq": str(outcome.producer_seq),
+        }
+    if name == "appended":
+        status = 200 if writer.producer_id is not None and outcome.last_sequence else 204
+        return Reply(status, {**tail, **producer})
+    if name in ("duplicate", "already_closed"):
+        return Reply(204, {**tail, **producer})
+    if name == "stream_closed":
+        raise Refusal(StreamClosed(), {**tail, "Stream-Closed": "true"})
+    if name == "stale_epoch":
+        raise Refusal(
+            ProducerFenced(f"producer epoch {outcome.producer_epoch} has written since"),
+            {"Producer-Epoch": str(outcome.producer_epoch)},
+        )
+    if name == "epoch_seq":
+        raise InvalidProducer("a new Producer-Epoch starts at Producer-Seq 0")
+    if name == "seq_gap":
+        raise Refusal(
+            ProducerSeqGap(f"expected Producer-Seq {outcome.producer_seq}"),
+            {
+                "Producer-Expected-Seq": str(outcome.producer_seq),
+                "Producer-Received-Seq": str(writer.producer_seq),
+            },
+        )
+    if name == "stream_seq_conflict":
+        raise StreamSeqConflict()
+    if name == "credit_exhausted":
+        metrics.CREDIT_REJECTIONS.labels(reason="credit").inc()
+        raise CreditExhausted()
+    if name == "quota_exhausted":
+        metrics.CREDIT_REJECTIONS.labels(reason="quota").inc()
+        raise QuotaExhausted()
+    if name == "not_found":
+        raise NotFound("stream does not exist")
+    raise RuntimeError(f"unexpected DS write outcome {name!r} for stream {ref.stream_pk}")
