@@ -1,7 +1,7 @@
 -- The current workflow_streams schema: what every migration in schema/migrations/ adds up to.
 -- Generated from a freshly migrated database by `make schema`; do not edit by hand.
 -- A migration changes the schema; this file only shows the result in one place.
--- Read from Postgres 15.
+-- Read from Postgres 18.
 
 SET check_function_bodies = false;
 
@@ -43,6 +43,24 @@ CREATE TABLE workflow_streams.deletion_outbox (
     object_id uuid,
     CONSTRAINT deletion_outbox_pkey PRIMARY KEY (deletion_id),
     CONSTRAINT deletion_outbox_state_check CHECK (state = ANY (ARRAY['pending'::text, 'done'::text]))
+);
+
+CREATE TABLE workflow_streams.ds_producers (
+    stream_pk bigint NOT NULL,
+    producer_id text NOT NULL,
+    epoch bigint NOT NULL,
+    last_seq bigint NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT ds_producers_pkey PRIMARY KEY (stream_pk, producer_id)
+);
+
+CREATE TABLE workflow_streams.ds_stream_writers (
+    stream_pk bigint NOT NULL,
+    last_stream_seq text,
+    closed_by_producer text,
+    closed_by_epoch bigint,
+    closed_by_seq bigint,
+    CONSTRAINT ds_stream_writers_pkey PRIMARY KEY (stream_pk)
 );
 
 CREATE TABLE workflow_streams.gap_evidence (
@@ -152,6 +170,12 @@ ALTER TABLE workflow_streams.append_receipts
 ALTER TABLE workflow_streams.consumers
     ADD CONSTRAINT consumers_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
 
+ALTER TABLE workflow_streams.ds_producers
+    ADD CONSTRAINT ds_producers_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
+
+ALTER TABLE workflow_streams.ds_stream_writers
+    ADD CONSTRAINT ds_stream_writers_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
+
 ALTER TABLE workflow_streams.gap_evidence
     ADD CONSTRAINT gap_evidence_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
 
@@ -201,8 +225,8 @@ CREATE VIEW workflow_streams.open_delivery_heads AS
                   ORDER BY o.stream_pk, o.sequence
                  LIMIT 1) n
         )
- SELECT lanes.stream_pk,
-    lanes.sequence
+ SELECT stream_pk,
+    sequence
    FROM lanes;
 
 -- Functions
@@ -563,6 +587,127 @@ BEGIN
     DELETE FROM workflow_streams.records r
      USING deleted_streams g WHERE r.stream_pk = g.stream_pk;
     RETURN NULL;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.ds_append(p_stream_pk bigint, p_payloads text[], p_sizes integer[], p_hash text, p_close boolean, p_stream_seq text, p_producer text, p_epoch bigint, p_seq bigint)
+ RETURNS TABLE(outcome text, first_sequence bigint, last_sequence bigint, latest_sequence bigint, closed boolean, producer_epoch bigint, producer_seq bigint)
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    s   workflow_streams.streams%ROWTYPE;
+    w   workflow_streams.ds_stream_writers%ROWTYPE;
+    pr  workflow_streams.ds_producers%ROWTYPE;
+    r   record;
+    v_n integer := coalesce(array_length(p_payloads, 1), 0);
+BEGIN
+    SELECT * INTO s FROM workflow_streams.streams WHERE stream_pk = p_stream_pk FOR UPDATE;
+    IF NOT FOUND THEN
+        outcome := 'not_found';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    latest_sequence := s.latest_sequence;
+    closed := s.closed_at IS NOT NULL;
+    producer_epoch := p_epoch;
+    producer_seq := p_seq;
+    SELECT * INTO w FROM workflow_streams.ds_stream_writers WHERE stream_pk = p_stream_pk;
+
+    IF s.closed_at IS NOT NULL THEN
+        IF p_producer IS NOT NULL AND w.closed_by_producer = p_producer
+           AND w.closed_by_epoch = p_epoch AND w.closed_by_seq = p_seq THEN
+            outcome := 'duplicate';
+        ELSIF p_close AND v_n = 0 AND p_producer IS NULL THEN
+            outcome := 'already_closed';
+        ELSE
+            outcome := 'stream_closed';
+        END IF;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    IF p_producer IS NOT NULL THEN
+        SELECT * INTO pr FROM workflow_streams.ds_producers
+         WHERE stream_pk = p_stream_pk AND producer_id = p_producer;
+        IF NOT FOUND THEN
+            IF p_seq <> 0 THEN
+                outcome := 'seq_gap';
+                producer_seq := 0;
+            END IF;
+        ELSIF p_epoch < pr.epoch THEN
+            outcome := 'stale_epoch';
+            producer_epoch := pr.epoch;
+        ELSIF p_epoch > pr.epoch THEN
+            IF p_seq <> 0 THEN
+                outcome := 'epoch_seq';
+            END IF;
+        ELSIF p_seq <= pr.last_seq THEN
+            outcome := 'duplicate';
+            producer_seq := pr.last_seq;
+        ELSIF p_seq > pr.last_seq + 1 THEN
+            outcome := 'seq_gap';
+            producer_seq := pr.last_seq + 1;
+        END IF;
+        IF outcome IS NOT NULL THEN
+            RETURN NEXT;
+            RETURN;
+        END IF;
+    END IF;
+
+    IF p_stream_seq IS NOT NULL AND w.last_stream_seq IS NOT NULL
+       AND p_stream_seq COLLATE "C" <= w.last_stream_seq COLLATE "C" THEN
+        outcome := 'stream_seq_conflict';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+
+    IF v_n > 0 THEN
+        SELECT * INTO r
+          FROM workflow_streams.append_requests(
+                   p_stream_pk, ARRAY[v_n], ARRAY[NULL::text], ARRAY[p_hash],
+                   p_payloads, p_sizes, NULL::jsonb[], true) a;
+        IF r.outcome <> 'appended' THEN
+            outcome := r.outcome;
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        first_sequence := r.first_sequence;
+        last_sequence := r.last_sequence;
+        latest_sequence := r.last_sequence;
+    END IF;
+
+    IF p_close THEN
+        UPDATE workflow_streams.streams SET closed_at = now() WHERE stream_pk = p_stream_pk;
+        -- The close wake of stream_close (schema/sql/streams.sql): followers read the end.
+        PERFORM pg_notify('workflow_streams', 'c' || p_stream_pk::text);
+        closed := true;
+    END IF;
+
+    IF p_producer IS NOT NULL THEN
+        INSERT INTO workflow_streams.ds_producers (stream_pk, producer_id, epoch, last_seq)
+        VALUES (p_stream_pk, p_producer, p_epoch, p_seq)
+        ON CONFLICT (stream_pk, producer_id)
+        DO UPDATE SET epoch = excluded.epoch, last_seq = excluded.last_seq, updated_at = now();
+    END IF;
+    IF p_stream_seq IS NOT NULL OR (p_close AND p_producer IS NOT NULL) THEN
+        INSERT INTO workflow_streams.ds_stream_writers
+               (stream_pk, last_stream_seq, closed_by_producer, closed_by_epoch, closed_by_seq)
+        VALUES (p_stream_pk, p_stream_seq,
+                CASE WHEN p_close THEN p_producer END,
+                CASE WHEN p_close THEN p_epoch END,
+                CASE WHEN p_close THEN p_seq END)
+        ON CONFLICT (stream_pk) DO UPDATE
+           SET last_stream_seq = coalesce(excluded.last_stream_seq,
+                                          workflow_streams.ds_stream_writers.last_stream_seq),
+               closed_by_producer = coalesce(excluded.closed_by_producer,
+                                             workflow_streams.ds_stream_writers.closed_by_producer),
+               closed_by_epoch = coalesce(excluded.closed_by_epoch,
+                                          workflow_streams.ds_stream_writers.closed_by_epoch),
+               closed_by_seq = coalesce(excluded.closed_by_seq,
+                                        workflow_streams.ds_stream_writers.closed_by_seq);
+    END IF;
+    outcome := 'appended';
+    RETURN NEXT;
 END;
 $function$;
 

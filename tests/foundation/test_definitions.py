@@ -8,6 +8,7 @@ from tests.foundation.helpers import assert_problem, stream_url
 
 FULL_DEFAULTS = {
     "content_class": "json",
+    "media_type": "application/json",
     "schema": None,
     "credit": {
         "max_unread_items": 1000,
