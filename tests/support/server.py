@@ -57,6 +57,8 @@ class ServerProcess:
     process: subprocess.Popen[bytes] | None = None
     # The server's file-descriptor limit (``ulimit -n``), when a test sets one.
     nofile: int | None = None
+    # The working directory: ``python -m`` imports the package found there first.
+    cwd: Path | None = None
 
     @property
     def url(self) -> str:
@@ -78,7 +80,12 @@ class ServerProcess:
         env = {**os.environ, **settings_env(self.settings), **self.extra_env}
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
-            args, env=env, stdout=log, stderr=log, preexec_fn=self._limits if self.nofile else None
+            args,
+            env=env,
+            cwd=self.cwd,
+            stdout=log,
+            stderr=log,
+            preexec_fn=self._limits if self.nofile else None,
         )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
