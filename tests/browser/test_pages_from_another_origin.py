@@ -260,6 +260,30 @@ EXPECTED = [*({"echo": {"i": n}} for n in range(7)), {"echo": {"from": "the page
 
 
 @pytest.mark.timeout(180)
+async def test_a_page_on_another_origin_follows_output_and_sends_input_with_the_ds_client(
+    browser: Any,
+    wf_client: Client,
+    wf_settings: Settings,
+    auth: TokenFactory,
+    run_id: str,
+    store: Store,
+    pool: asyncpg.Pool,
+    tmp_path: Path,
+) -> None:
+    folder = bundle_page(tmp_path / "page")
+    headers = auth(tenant=wf_settings.tenant, runs=[run_id])
+    log = tmp_path / "serve.log"
+    async with echo_run(folder, wf_client, wf_settings, headers, run_id, log) as run:
+        settings = urlencode(
+            {"base": f"{run.server_url}{API}/runs/{run_id}/ds", "token": _token(headers)}
+        )
+        page = await browser.new_page()
+        shown_records = await follow_and_send(page, run, f"{run.origin}/index.html#{settings}")
+    assert shown_records == EXPECTED
+    await assert_the_workflow_got_the_page_input(store, pool, wf_settings.tenant, run_id)
+
+
+@pytest.mark.timeout(180)
 async def test_a_page_on_another_origin_follows_output_and_sends_input_with_plain_fetch(
     browser: Any,
     wf_client: Client,

@@ -269,6 +269,63 @@ async def test_sse_to_a_listed_origin_carries_the_headers_and_delivers(
         assert_no_allow(response)
 
 
+async def test_durable_streams_answers_to_a_listed_origin_expose_the_protocol_headers(
+    listed: httpx.AsyncClient, listed_server: Any, auth: Any, run_id: str
+) -> None:
+    h = {**auth(), "Origin": LISTED}
+    url = f"{API}/runs/{run_id}/ds/v1/stream/out"
+    # What the conformance suite asks (its origin is another one; here a listed one).
+    r = await listed.options(url, headers=preflight_headers(LISTED, "GET", "if-none-match"))
+    assert (
+        r.status_code == 204
+        and "if-none-match" in r.headers["access-control-allow-headers"].lower()
+    )
+    json_body = {**h, "Content-Type": "application/json"}
+    created = await listed.put(url, headers=json_body)
+    assert created.status_code == 201, created.text
+    appended = await listed.post(url, content=b'[{"n":1},{"n":2}]', headers=json_body)
+    caught_up = await listed.get(url, params={"offset": "-1"}, headers=h)
+    head = await listed.head(url, headers=h)
+    assert [r.status_code for r in (appended, caught_up, head)] == [204, 200, 200]
+    assert caught_up.json() == [{"n": 1}, {"n": 2}]
+    exposed = listed_values(created.headers["access-control-expose-headers"])
+    # Every protocol header a client reads is in the answer and readable by the page.
+    for answer, names in (
+        (created, ("location", "stream-next-offset")),
+        (appended, ("stream-next-offset",)),
+        (caught_up, ("stream-next-offset", "stream-up-to-date", "etag")),
+        (head, ("stream-next-offset",)),
+    ):
+        assert_allowed_answer(answer, LISTED)
+        for name in names:
+            assert name in answer.headers and name in exposed, name
+        # The endpoint's own browser headers are kept.
+        assert answer.headers["cross-origin-resource-policy"] == "cross-origin"
+        assert answer.headers.get_list("x-content-type-options") == ["nosniff"]
+    # The ETag round trip a page makes: If-None-Match (allowed above) gets 304.
+    again = await listed.get(
+        url, params={"offset": "-1"}, headers={**h, "If-None-Match": caught_up.headers["etag"]}
+    )
+    assert again.status_code == 304
+    assert_allowed_answer(again, LISTED)
+    # DS-framed SSE, and DS problems.
+    async with listed.stream("GET", url, params={"offset": "-1", "live": "sse"}, headers=h) as sse:
+        assert sse.status_code == 200
+        assert sse.headers["content-type"].startswith("text/event-stream")
+        assert_allowed_answer(sse, LISTED)
+    for token, status in (({}, 401), (auth(), 404)):
+        missing = await listed.get(
+            f"{API}/runs/{run_id}/ds/v1/stream/missing",
+            params={"offset": "-1"},
+            headers={**token, "Origin": LISTED},
+        )
+        assert missing.status_code == status
+        assert_allowed_answer(missing, LISTED)
+    r = await listed.get(url, params={"offset": "-1"}, headers={**h, "Origin": UNLISTED})
+    assert r.status_code == 200
+    assert_no_allow(r)
+
+
 # -- any origin --------------------------------------------------------------------------
 
 
