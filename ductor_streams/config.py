@@ -30,6 +30,17 @@ ENV_PREFIX = "DUCTOR_STREAMS_"
 # The standard variables of Temporal's clients (temporalio.envconfig) that the settings
 # carry on to every client the project makes.
 TEMPORAL_ENV_PREFIX = "TEMPORAL_"
+# OpenTelemetry's standard variables (tracing.py; docs/operators.md): carried to the SDK.
+OTEL_ENV_PREFIX = "OTEL_"
+OTEL_EXPORTERS = ("otlp", "console", "none")
+OTEL_SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
 GOOGLE_CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
 
 
@@ -98,6 +109,9 @@ class Settings(BaseModel):
     log_level: str = "INFO"
     # Origins whose pages may call the API (http/cors.py); empty: no CORS at all.
     cors_origins: tuple[str, ...] = ()
+    # uvicorn's access log (one JSON line per request); off by default: docs/operators.md
+    # gives its cost on the append path.
+    access_log: bool = False
 
     # live delivery (LiveSettings)
     sse_keepalive_seconds: float = Field(default=10.0, ge=0.05, le=15)
@@ -125,6 +139,10 @@ class Settings(BaseModel):
     # large objects
     object_intent_ttl: float = Field(default=3600.0, ge=1, le=7 * 86_400)
     google_application_credentials: str | None = None
+
+    # OpenTelemetry (tracing.py): every OTEL_* variable, validated where it decides
+    # whether and how this process traces.
+    otel_environ: dict[str, str] = Field(default_factory=dict, repr=False)
 
     @field_validator("google_application_credentials")
     @classmethod
@@ -177,6 +195,32 @@ class Settings(BaseModel):
             return text
         raise ValueError("must be DEBUG, INFO, WARNING, ERROR, CRITICAL or a number")
 
+    @field_validator("otel_environ")
+    @classmethod
+    def _check_otel(cls, value: dict[str, str]) -> dict[str, str]:
+        exporters = [e.strip() for e in value.get("OTEL_TRACES_EXPORTER", "").split(",")]
+        for exporter in exporters:
+            if exporter and exporter not in OTEL_EXPORTERS:
+                raise ValueError(
+                    f"OTEL_TRACES_EXPORTER: {exporter!r} is not one of {', '.join(OTEL_EXPORTERS)}"
+                )
+        sampler = value.get("OTEL_TRACES_SAMPLER", "").strip()
+        if sampler and sampler not in OTEL_SAMPLERS:
+            raise ValueError(f"OTEL_TRACES_SAMPLER: {sampler!r} is not one of the standard ones")
+        ratio = value.get("OTEL_TRACES_SAMPLER_ARG", "").strip()
+        if ratio and "ratio" in sampler:
+            try:
+                valid = 0.0 <= float(ratio) <= 1.0
+            except ValueError:
+                valid = False
+            if not valid:
+                raise ValueError("OTEL_TRACES_SAMPLER_ARG must be a ratio from 0 to 1")
+        for name in ("OTEL_EXPORTER_OTLP_PROTOCOL", "OTEL_EXPORTER_OTLP_TRACES_PROTOCOL"):
+            protocol = value.get(name, "").strip()
+            if protocol and protocol != "http/protobuf":
+                raise ValueError(f"{name}: only http/protobuf is supported, not {protocol!r}")
+        return value
+
     @model_validator(mode="after")
     def _pool_sizes(self) -> Settings:
         if self.pool_min_size > self.pool_max_size:
@@ -195,13 +239,16 @@ class Settings(BaseModel):
         env = os.environ if env is None else env
         values: dict[str, Any] = {}
         for name in cls.model_fields:
-            if name == "temporal_environ":
+            if name in ("temporal_environ", "otel_environ"):
                 continue
             raw = env.get(_env(name), "").strip()
             if raw:
                 values[name] = raw
         values["temporal_environ"] = {
             k: v for k, v in env.items() if k.startswith(TEMPORAL_ENV_PREFIX)
+        }
+        values["otel_environ"] = {
+            k: v.strip() for k, v in env.items() if k.startswith(OTEL_ENV_PREFIX) and v.strip()
         }
         return cls.validated(**values)
 
@@ -247,6 +294,22 @@ class Settings(BaseModel):
         return int(text) if text.isdigit() else int(logging.getLevelName(text))
 
     @property
+    def trace_exporters(self) -> tuple[str, ...]:
+        """The span exporters this process uses: none (tracing off) unless the
+        OpenTelemetry variables ask for one. ``OTEL_TRACES_EXPORTER`` names them
+        (``otlp``, ``console``, ``none``); unset, an OTLP endpoint alone means ``otlp``.
+        ``OTEL_SDK_DISABLED=true`` turns tracing off whatever else is set."""
+        env = self.otel_environ
+        if env.get("OTEL_SDK_DISABLED", "").lower() == "true":
+            return ()
+        named = [e.strip() for e in env.get("OTEL_TRACES_EXPORTER", "").split(",") if e.strip()]
+        if named:
+            return tuple(dict.fromkeys(e for e in named if e != "none"))
+        if env.get("OTEL_EXPORTER_OTLP_ENDPOINT") or env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"):
+            return ("otlp",)
+        return ()
+
+    @property
     def live(self) -> LiveSettings:
         from ductor_streams.live.config import LiveSettings
 
@@ -289,4 +352,6 @@ def _one_line(exc: ValidationError) -> str:
     field = str(loc[0])
     if field not in Settings.model_fields:
         return f"unknown setting {field!r}"
+    if field == "otel_environ":  # the message names the OTEL_* variable
+        return message
     return f"{_env(field)}: {message}"

@@ -217,6 +217,7 @@ async def _serve(settings: Settings, port: int, temporal_ui: str | None) -> None
             port=port,
             loop="asyncio",
             http=HeadHoldingHttpToolsProtocol,  # as `serve` (serve.py)
+            log_config=None,  # JSON lines through the root handler, as `serve`
             log_level="warning",
             access_log=False,
             lifespan="on",

@@ -20,11 +20,20 @@ Call sites, by metric:
 - ``UPKEEP_ERRORS``: maintenance, once per item of a pass that failed and was stepped
   over (``maintenance/isolation.py``).
 - ``DELIVERY_RETRIES``: operator retries (``ops.retry_delivery``).
+- ``HTTP_REQUEST_DURATION`` (``observe_request``): every HTTP request, by method, route
+  template and status (http/observe.py; the records front passes its route itself).
+- ``SSE_EVENTS``, ``SSE_BACKFILL_RECORDS``: the SSE subscription (live/subscription.py).
+- ``APPEND_STATEMENT_SECONDS``, ``APPEND_GROUP_REQUESTS`` (``observe_statement``): the
+  appender, once per append statement (store/append.py).
+- ``FOLLOWER_LAG``: live followers, per batch of records fanned out (live/follower.py).
+- ``DELIVERY_CLAIM_SECONDS``, ``DELIVERY_SIGNAL_SECONDS``: the dispatcher.
+- ``ductor_streams_db_pool_*``: every pool given to ``track_pool``, read at scrape.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -36,6 +45,8 @@ from prometheus_client import (
     ProcessCollector,
     generate_latest,
 )
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 if TYPE_CHECKING:
     import asyncpg
@@ -61,8 +72,11 @@ __all__ = [
     "UPKEEP_ERRORS",
     "UPKEEP_STEPS",
     "count_append",
+    "observe_request",
+    "observe_statement",
     "refresh_from_database",
     "render",
+    "track_pool",
 ]
 
 # A registry of our own: only these metrics (plus the process's CPU/memory), whatever
@@ -172,6 +186,81 @@ UPKEEP_ERRORS = Counter(
 )
 UPKEEP_STEPS = ("retention", "expiry", "orphan_sweep", "deletion")
 
+_FAST = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+HTTP_REQUEST_DURATION = Histogram(
+    "ductor_streams_http_request_duration_seconds",
+    "HTTP requests from arrival to the end of the response (an SSE response: the "
+    "subscription's lifetime), by method, route template and status; _count counts them.",
+    ["method", "route", "status"],
+    buckets=(*_FAST, 30, 60, 300, 3600),
+    registry=REGISTRY,
+)
+
+
+class Tally:
+    """A counter that is a plain int (``tally.n += k``), read at scrape time: for the
+    SSE fan-out, where a Counter's lock per subscriber per batch would show."""
+
+    __slots__ = ("description", "n", "name")
+
+    def __init__(self, name: str, description: str) -> None:
+        self.name = name
+        self.description = description
+        self.n = 0
+
+
+class _TallyCollector(Collector):
+    def __init__(self, *tallies: Tally) -> None:
+        self.tallies = tallies
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for tally in self.tallies:
+            yield CounterMetricFamily(tally.name, tally.description, value=tally.n)
+
+
+SSE_EVENTS = Tally(
+    "ductor_streams_sse_events_written",
+    "Record events written to SSE subscribers (backfill and live).",
+)
+REGISTRY.register(_TallyCollector(SSE_EVENTS))
+SSE_BACKFILL_RECORDS = Histogram(
+    "ductor_streams_sse_backfill_records",
+    "Records a subscription read from Postgres before it went live (its backfill).",
+    buckets=(0, 1, 10, 100, 1_000, 10_000, 100_000, 1_000_000),
+    registry=REGISTRY,
+)
+APPEND_STATEMENT_SECONDS = Histogram(
+    "ductor_streams_append_statement_seconds",
+    "One append statement (group commit), from send to answer.",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+APPEND_GROUP_REQUESTS = Histogram(
+    "ductor_streams_append_group_requests",
+    "Append requests that went in one statement (its group size).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
+    registry=REGISTRY,
+)
+FOLLOWER_LAG = Histogram(
+    "ductor_streams_follower_lag_seconds",
+    "From a record's commit (its appended_at) to its fan-out to this process's live "
+    "subscribers, per batch (the newest record of it).",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+DELIVERY_CLAIM_SECONDS = Histogram(
+    "ductor_streams_delivery_claim_seconds",
+    "One dispatcher claim statement (leasing due deliveries).",
+    buckets=_FAST,
+    registry=REGISTRY,
+)
+DELIVERY_SIGNAL_SECONDS = Histogram(
+    "ductor_streams_delivery_signal_seconds",
+    "One input signal to Temporal, from send to its answer (any outcome).",
+    buckets=(*_FAST, 30),
+    registry=REGISTRY,
+)
+
 # Every known label value from the start, so a dashboard sees 0 rather than no series.
 for _direction in ("input", "output"):
     for _counter in (APPENDS, APPENDED_RECORDS, APPENDED_BYTES):
@@ -213,6 +302,78 @@ def count_append(direction: str, records: int, nbytes: int) -> None:
     appends.inc()
     appended_records.inc(records)
     appended_bytes.inc(nbytes)
+
+
+# (method, route, status) -> the histogram's child: ``labels()`` takes a lock and
+# builds a key each call; the hot path's few combinations are bound once.
+_REQUEST_CHILDREN: dict[tuple[str, str, int], Any] = {}
+
+
+def observe_request(method: str, route: str, status: int, seconds: float) -> None:
+    """One HTTP request answered ``status`` after ``seconds``."""
+    key = (method, route, status)
+    child = _REQUEST_CHILDREN.get(key)
+    if child is None:
+        child = HTTP_REQUEST_DURATION.labels(method, route, str(status))
+        if len(_REQUEST_CHILDREN) < 10_000:
+            _REQUEST_CHILDREN[key] = child
+    child.observe(seconds)
+
+
+def observe_statement(requests: int, seconds: float) -> None:
+    """One append statement of ``requests`` requests that took ``seconds``."""
+    APPEND_STATEMENT_SECONDS.observe(seconds)
+    APPEND_GROUP_REQUESTS.observe(requests)
+
+
+class _PoolCollector(Collector):
+    """The connection pools of this process, read when scraped: connections in use,
+    idle and the ceiling, and the tasks waiting for one."""
+
+    def __init__(self) -> None:
+        self.pools: dict[str, Any] = {}
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        connections = GaugeMetricFamily(
+            "ductor_streams_db_pool_connections",
+            "Postgres connections of a pool by state (in_use, idle, max).",
+            labels=["pool", "state"],
+        )
+        waiting = GaugeMetricFamily(
+            "ductor_streams_db_pool_waiting",
+            "Tasks waiting for a connection of a pool (none free, at its ceiling).",
+            labels=["pool"],
+        )
+        for name, pool in list(self.pools.items()):
+            size, idle = pool.get_size(), pool.get_idle_size()
+            connections.add_metric([name, "in_use"], size - idle)
+            connections.add_metric([name, "idle"], idle)
+            connections.add_metric([name, "max"], pool.get_max_size())
+            waiting.add_metric([name], _waiters(pool))
+        yield connections
+        yield waiting
+
+
+def _waiters(pool: Any) -> int:
+    # asyncpg has no public count of waiting acquires: its free connections are an
+    # asyncio.Queue, whose getters are the waiting acquires. Read only, at scrape time.
+    queue = getattr(pool, "_queue", None)
+    getters = getattr(queue, "_getters", ())
+    return sum(1 for getter in getters if not getter.done())
+
+
+_POOLS = _PoolCollector()
+REGISTRY.register(_POOLS)
+
+
+def track_pool(name: str, pool: asyncpg.Pool) -> None:
+    """Report ``pool`` as ``pool="name"`` from now on (replacing one of that name)."""
+    _POOLS.pools[name] = pool
+
+
+def untrack_pool(name: str, pool: asyncpg.Pool) -> None:
+    if _POOLS.pools.get(name) is pool:
+        del _POOLS.pools[name]
 
 
 async def refresh_from_database(pool: asyncpg.Pool) -> None:

@@ -24,6 +24,7 @@ from ductor_streams.http.connection_guard import (
     guarded,
 )
 from ductor_streams.logs import configure_logging
+from ductor_streams.tracing import configure_tracing
 from ductor_streams.workers import worker_services
 
 # The part of the shutdown budget left for the lifespan (workers, pool) after requests.
@@ -52,6 +53,7 @@ def serve(settings: Settings, *, workers: bool) -> int:
     settings.require_database()
     settings.require_jwt_secret()
     configure_logging(settings.log_level_number)
+    configure_tracing(settings, service="ductor-streams")
     services = worker_services(settings) if workers else []
     app = create_app(settings, services=services)
     config = uvicorn.Config(
@@ -66,11 +68,14 @@ def serve(settings: Settings, *, workers: bool) -> int:
                 max_connections=settings.max_connections or default_max_connections(),
             )
         ),
-        log_level="warning",
-        access_log=False,
-        # Nothing here reads the client's address or scheme (no access log; links are
-        # paths), so uvicorn's X-Forwarded-* middleware, a layer and a dict of the
-        # headers per request, would be work for nobody.
+        # uvicorn's loggers propagate to the root handler (logs.configure_logging): its
+        # error and access lines are JSON like every other, with the request ID.
+        log_config=None,
+        log_level=settings.log_level_number,
+        access_log=settings.access_log,
+        # Nothing here reads the client's address or scheme (links are paths), so
+        # uvicorn's X-Forwarded-* middleware, a layer and a dict of the headers per
+        # request, would be work for nobody; the access log shows the peer's address.
         proxy_headers=False,
         lifespan="on",
         timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds * (1 - LIFESPAN_SHARE)),

@@ -7,11 +7,13 @@ import contextlib
 import signal
 from types import SimpleNamespace
 
+from ductor_streams import metrics
 from ductor_streams.config import Settings
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.logs import configure_logging
 from ductor_streams.store import Store
 from ductor_streams.store.db import create_pool
+from ductor_streams.tracing import configure_tracing
 from ductor_streams.workers import worker_services
 
 
@@ -22,6 +24,7 @@ async def run_worker_services(settings: Settings, stop: asyncio.Event) -> None:
     pool = await create_pool(
         dsn, min_size=min(1, settings.pool_min_size), max_size=settings.pool_max_size
     )
+    metrics.track_pool("workers", pool)
     hub = NotificationHub(dsn)
     try:
         await hub.start()
@@ -34,6 +37,7 @@ async def run_worker_services(settings: Settings, stop: asyncio.Event) -> None:
                 await stack.enter_async_context(service(holder))
             await stop.wait()
     finally:
+        metrics.untrack_pool("workers", pool)
         await hub.close()
         await pool.close()
 
@@ -41,6 +45,7 @@ async def run_worker_services(settings: Settings, stop: asyncio.Event) -> None:
 def run_workers(settings: Settings) -> int:
     settings.require_database()
     configure_logging(settings.log_level_number)
+    configure_tracing(settings, service="ductor-streams-workers")
 
     async def main() -> None:
         stop = asyncio.Event()

@@ -22,10 +22,11 @@ import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import asyncpg
 
-from ductor_streams import metrics
+from ductor_streams import metrics, tracing
 from ductor_streams.delivery import outbox
 from ductor_streams.delivery.outbox import ClaimedDelivery
 from ductor_streams.delivery.wait_service import (
@@ -194,6 +195,7 @@ class Dispatcher:
         # Taken before the claim (and its pool acquire): the lease Postgres grants starts
         # later, so a guard counted from here ends early, never late.
         started = time.monotonic()
+        started_ns = time.time_ns()
         claimed = await outbox.claim(
             self._pool,
             owner=self.owner,
@@ -202,6 +204,9 @@ class Dispatcher:
             max_streams=max_streams,
             per_stream=self.config.per_stream,
         )
+        metrics.DELIVERY_CLAIM_SECONDS.observe(time.monotonic() - started)
+        if tracing.ENABLED and claimed:
+            _claim_span(claimed, started_ns)
         lanes = [
             _Lane(deliveries, {d.delivery_id for d in deliveries}, started)
             for deliveries in claimed.values()
@@ -295,7 +300,35 @@ class Dispatcher:
 
         False if the deadline passed first: the signal was abandoned and may or may not
         have reached the run (whoever sends it again is deduplicated by the helper).
+        Timed (``DELIVERY_SIGNAL_SECONDS``) and, with tracing on, a span of its own that
+        continues the appending request's trace.
         """
+        started = time.monotonic()
+        if not tracing.ENABLED:
+            try:
+                return await self._send_within_deadline(lane, delivery)
+            finally:
+                metrics.DELIVERY_SIGNAL_SECONDS.observe(time.monotonic() - started)
+        from opentelemetry import context, trace
+
+        span = _signal_span(delivery)
+        # Current while the signal is sent: Temporal's tracing interceptor (in the
+        # client's task, which copies this context) puts its span under this one.
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            sent = await self._send_within_deadline(lane, delivery)
+            if not sent:
+                span.set_attribute("ductor_streams.abandoned", True)
+            return sent
+        except BaseException as exc:
+            span.set_status(trace.Status(trace.StatusCode.ERROR, type(exc).__name__))
+            raise
+        finally:
+            context.detach(token)
+            span.end()
+            metrics.DELIVERY_SIGNAL_SECONDS.observe(time.monotonic() - started)
+
+    async def _send_within_deadline(self, lane: _Lane, delivery: ClaimedDelivery) -> bool:
         task = asyncio.ensure_future(self._wait.deliver(delivery.event))
         try:
             while True:
@@ -427,3 +460,40 @@ class Dispatcher:
         )
         # Behind a head that backs off: nothing to wake anyone for.
         await outbox.release(self._pool, rest[1:], owner=self.owner)
+
+
+def _claim_span(claimed: dict[int, list[ClaimedDelivery]], started_ns: int) -> None:
+    """The span of a claim that leased something: linked to the appending requests of
+    what it leased (a batch of many traces; each signal span is their child)."""
+    deliveries = [d for lane in claimed.values() for d in lane]
+    span = tracing.tracer().start_span(
+        "delivery claim",
+        start_time=started_ns,
+        links=tracing.links_to(d.trace_context for d in deliveries),
+        attributes={
+            "ductor_streams.deliveries": len(deliveries),
+            "ductor_streams.streams": len(claimed),
+        },
+    )
+    span.end()
+
+
+def _signal_span(delivery: ClaimedDelivery) -> Any:
+    """The span of one input signal: a child of the request that appended the record
+    (its stored traceparent), or of nothing when that request was not traced."""
+    from opentelemetry import context, trace
+
+    parent = tracing.context_of(delivery.trace_context)
+    return tracing.tracer().start_span(
+        "delivery signal",
+        # No stored context: a root of its own, not a child of whatever is current.
+        context=parent if parent is not None else context.Context(),
+        kind=trace.SpanKind.PRODUCER,
+        attributes={
+            "ductor_streams.run_id": delivery.event.run_id,
+            "ductor_streams.stream_id": delivery.event.stream_id,
+            "ductor_streams.sequence": delivery.event.sequence,
+            "ductor_streams.delivery_id": delivery.delivery_id,
+            "ductor_streams.attempts": delivery.attempts,
+        },
+    )

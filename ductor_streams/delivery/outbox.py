@@ -21,6 +21,8 @@ class ClaimedDelivery:
     attempts: int
     created_at: datetime
     event: InputEvent
+    # The appending request's W3C traceparent (migration 0020), when it was traced.
+    trace_context: str | None = None
 
 
 async def claim(
@@ -52,7 +54,12 @@ async def claim(
         )
         lanes.setdefault(row["stream_pk"], []).append(
             ClaimedDelivery(
-                row["delivery_id"], row["stream_pk"], row["attempts"], row["created_at"], event
+                row["delivery_id"],
+                row["stream_pk"],
+                row["attempts"],
+                row["created_at"],
+                event,
+                row["trace_context"],
             )
         )
     for deliveries in lanes.values():

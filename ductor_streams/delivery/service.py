@@ -10,6 +10,7 @@ from typing import Any
 
 import asyncpg
 
+from ductor_streams import tracing
 from ductor_streams.config import Settings
 from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
 from ductor_streams.schema import QUERIES
@@ -65,7 +66,14 @@ async def dispatcher_service(app: Any) -> AsyncIterator[None]:
     store = app.state.store
     # Connects on first delivery: Temporal being down delays input (rows back off, with
     # the reason in last_error) but never stops the process from starting.
-    wait_service = TemporalWaitService(connect=temporal_connection.connector(settings))
+    # With tracing on, the client carries Temporal's tracing interceptor: each signal's
+    # span continues the dispatcher's (docs/operators.md, "Tracing").
+    extra: dict[str, Any] = {}
+    if tracing.ENABLED:
+        from ductor_streams.temporal_tracing import interceptors
+
+        extra["interceptors"] = interceptors()
+    wait_service = TemporalWaitService(connect=temporal_connection.connector(settings, **extra))
     dispatcher = Dispatcher(
         store.pool,
         wait_service,

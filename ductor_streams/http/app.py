@@ -10,6 +10,7 @@ from litestar import Litestar, Router
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
+from ductor_streams import metrics
 from ductor_streams.config import Settings
 from ductor_streams.http import (
     health,
@@ -24,11 +25,12 @@ from ductor_streams.http import (
 from ductor_streams.http.access import authorize
 from ductor_streams.http.append_worker import close_workers
 from ductor_streams.http.cors import CorsPolicy
-from ductor_streams.http.ds.front import answer_ds, ds_route
-from ductor_streams.http.headers import is_api_path, secure_send
+from ductor_streams.http.ds.front import DS_TEMPLATE, answer_ds, ds_route
+from ductor_streams.http.headers import is_api_path
+from ductor_streams.http.observe import Request, route_template
 from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.problems import handle_exception
-from ductor_streams.http.records_front import answer_records, records_route
+from ductor_streams.http.records_front import RECORDS_TEMPLATE, answer_records, records_route
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.names import API_MOUNT
 from ductor_streams.store import Store
@@ -61,6 +63,7 @@ def create_app(
         pool = await create_pool(
             dsn, min_size=settings.pool_min_size, max_size=settings.pool_max_size
         )
+        metrics.track_pool("serve", pool)
         hub = NotificationHub(dsn)
         try:
             await hub.start()
@@ -71,6 +74,7 @@ def create_app(
                     await stack.enter_async_context(service(app))
                 yield
         finally:
+            metrics.untrack_pool("serve", pool)
             await close_workers()
             await hub.close()
             await pool.close()
@@ -110,32 +114,51 @@ class StreamsApp(Litestar):
     """The Litestar app with the records front (http/records_front.py) and the Durable
     Streams endpoint (http/ds/) before it: appends and reads of records and DS requests
     are answered there, everything else by Litestar. The CORS layer (http/cors.py), when
-    configured, comes before all of them."""
+    configured, comes before all of them. Every HTTP request is observed
+    (http/observe.py: request ID, metrics, span)."""
 
     cors: CorsPolicy | None = None
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] == "http":
-            if self.cors is not None:
-                screened = await self.cors.screen(scope, send)
-                if screened is None:
-                    return  # a preflight, answered by the CORS layer
-                send = screened
-            route = records_route(scope)
-            if route is not None:
-                await answer_records(self.state, scope, receive, send, route)
-                return
-            ds = ds_route(scope)
-            if ds is not None:
-                await answer_ds(self.state, scope, receive, send, ds)
-                return
-        await self.without_front(scope, receive, send)
+        if scope["type"] != "http":
+            await super().__call__(scope, receive, send)
+            return
+        if self.cors is not None:
+            screened = await self.cors.screen(scope, send)
+            if screened is None:
+                return  # a preflight, answered by the CORS layer
+            send = screened
+        request = Request(scope)
+        route = records_route(scope)
+        if route is not None:
+            status = 0  # no answer (the client went away, or the server is stopping)
+            try:
+                status = await answer_records(
+                    self.state, scope, receive, send, route, request.request_id
+                )
+            finally:
+                request.end(RECORDS_TEMPLATE, status)
+            return
+        ds = ds_route(scope)
+        if ds is not None:
+            try:
+                await answer_ds(self.state, scope, receive, request.tagged_send(send), ds)
+            finally:
+                request.end(DS_TEMPLATE)
+            return
+        try:
+            await self.without_front(scope, receive, send, request)
+        finally:
+            request.end(route_template(scope))
 
-    async def without_front(self, scope: Any, receive: Any, send: Any) -> None:
+    async def without_front(
+        self, scope: Any, receive: Any, send: Any, request: Request | None = None
+    ) -> None:
         """Litestar's answer, with the headers every response carries (http/headers.py;
-        the records front's answers carry them too)."""
+        the records front's answers carry them too) and the request's ID."""
         if scope["type"] == "http":
-            send = secure_send(send, api=is_api_path(scope["path"]))
+            request = request or Request(scope)
+            send = request.observed_send(send, api=is_api_path(scope["path"]))
         await super().__call__(scope, receive, send)
 
     def begin_shutdown(self) -> None:

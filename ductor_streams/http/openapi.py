@@ -249,7 +249,8 @@ def _components() -> dict[str, Any]:
     definition["properties"]["content_class"] = {"enum": list(CONTENT_CLASSES)}
     problem = _obj(
         {"type": _STR, "title": _STR, "status": {"type": "integer"}, "detail": _STR, "code": _STR},
-        {"instance": _STR},
+        # request_id: the X-Request-ID the response echoes (http/observe.py).
+        {"instance": _STR, "request_id": _STR},
     )
     return {
         **structs,

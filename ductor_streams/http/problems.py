@@ -18,6 +18,7 @@ from ductor_streams.errors import (
     RequestTooLarge,
     StreamsError,
 )
+from ductor_streams.logs import REQUEST_ID
 from ductor_streams.store.db import translate_db_error
 from ductor_streams.store.outage import report_unavailable
 
@@ -39,6 +40,10 @@ def problem_parts(
     if instance:
         body["instance"] = instance
     body.update(error.extra)
+    request_id = REQUEST_ID.get()
+    if request_id is not None:
+        # The same ID as the response's X-Request-ID header and the request's log lines.
+        body["request_id"] = request_id
     headers = {}
     if isinstance(error, CreditExhausted | DatabaseUnavailable):
         headers["Retry-After"] = str(error.retry_after)

@@ -25,6 +25,7 @@ from ductor_streams.errors import InvalidBody, RequestTooLarge
 from ductor_streams.http.access import authenticate
 from ductor_streams.http.append_body import Body
 from ductor_streams.http.headers import API_HEADERS
+from ductor_streams.http.observe import REQUEST_ID_HEADER
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
 from ductor_streams.http.routes_records import MAX_APPEND_BODY, append_answer, read_answer
 from ductor_streams.names import API_MOUNT
@@ -39,6 +40,8 @@ _MAPPED_BODY = 1024 * 1024
 # Litestar matches a ``{name:str}`` parameter to one non-empty path segment; anything
 # else (a trailing slash, another method) is left to Litestar.
 RECORDS_PATH = re.compile(re.escape(API_MOUNT) + r"/runs/([^/]+)/streams/([^/]+)/records")
+# The route both requests are observed as (metrics, spans: http/observe.py).
+RECORDS_TEMPLATE = API_MOUNT + "/runs/{run_id}/streams/{stream_id}/records"
 _JSON = b"application/json"
 
 
@@ -60,10 +63,16 @@ def is_records_request(scope: Scope) -> bool:
 
 
 async def answer_records(
-    state: Any, scope: Scope, receive: Receive, send: Send, route: re.Match[str]
-) -> None:
+    state: Any,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    route: re.Match[str],
+    request_id: str,
+) -> int:
     """Answer an append (POST) or read (GET) of records; ``state`` is the app's state,
-    ``route`` what ``records_route`` matched."""
+    ``route`` what ``records_route`` matched, ``request_id`` what the answer echoes.
+    Returns the answer's status (0: the client went away unanswered)."""
     path: str = scope["path"]
     run_id, stream_id = route.group(1), route.group(2)
     headers: list[tuple[bytes, bytes]] = scope["headers"]
@@ -95,21 +104,31 @@ async def answer_records(
                 query.get("limit"),
             )
     except ClientGone:
-        return
+        return 0
     except Exception as exc:  # one mapping for every error, as Litestar's handler does
         status, body, extra = problem_parts(error_for(exc, path), path)
-        await _respond(send, status, PROBLEM_JSON.encode(), body, extra)
-        return
-    await _respond(send, answer.status, _JSON, answer.body, answer.headers)
+        await _respond(send, status, _PROBLEM, body, extra, request_id)
+        return status
+    await _respond(send, answer.status, _JSON, answer.body, answer.headers, request_id)
+    return answer.status
+
+
+_PROBLEM = PROBLEM_JSON.encode()
 
 
 async def _respond(
-    send: Send, status: int, media_type: bytes, body: bytes, extra: dict[str, str]
+    send: Send,
+    status: int,
+    media_type: bytes,
+    body: bytes,
+    extra: dict[str, str],
+    request_id: str,
 ) -> None:
     response_headers = [
         (b"content-type", media_type),
         (b"content-length", str(len(body)).encode()),
         *API_HEADERS,
+        (REQUEST_ID_HEADER, request_id.encode("ascii")),
     ]
     response_headers.extend((k.lower().encode(), v.encode("latin-1")) for k, v in extra.items())
     await send({"type": "http.response.start", "status": status, "headers": response_headers})

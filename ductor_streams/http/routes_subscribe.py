@@ -138,6 +138,7 @@ async def _events(
                 if stall is not None:
                     stall.cancel()
             elif isinstance(item, list):
+                metrics.SSE_EVENTS.n += sum(len(batch.records) for batch in item)
                 frames = (_record_frames(batch, redaction, memo_key) for batch in item)
                 for piece in pieces(frames, chunk):
                     stall = guard.arm() if guard is not None else None

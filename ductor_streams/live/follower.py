@@ -42,6 +42,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 
@@ -50,6 +51,7 @@ from ductor_streams.live.events import LiveBatch
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.live.stats import LIVE_FED
 from ductor_streams.live.subscription import Subscription
+from ductor_streams.metrics import FOLLOWER_LAG
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page, Record
 from ductor_streams.store.outage import report_unavailable
@@ -277,6 +279,8 @@ class StreamFollower:
                 return  # read up to the stream's latest (a page may be cut by bytes)
 
     async def _fan_out(self, batch: LiveBatch) -> None:
+        if batch.records:
+            FOLLOWER_LAG.observe(max(0.0, time.time() - batch.records[-1].appended_at.timestamp()))
         # The snapshot is taken after the read: whoever registers later (even between
         # slices) began its own backfill after this read, so it has these records.
         subscribers = list(self._subscribers)

@@ -19,8 +19,9 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
+from typing import Any
 
-from ductor_streams import metrics
+from ductor_streams import metrics, tracing
 from ductor_streams.errors import CursorExpired, NotFound
 from ductor_streams.live.events import (
     Draining,
@@ -91,6 +92,11 @@ class Subscription:
         self._pending: list[LiveBatch] = []
         self._sink: Sink | None = None
         self.direct_deliveries = 0
+        # Records read before the subscription first went live (its backfill), and the
+        # backfill's span while it runs (tracing on).
+        self.backfilled = 0
+        self._backfill_done = False
+        self._backfill_span: Any = None
         self.overflows = 0
         self.gaps = 0
         self.postgres_reads = 0
@@ -146,6 +152,7 @@ class Subscription:
         self.last_sent = records[-1].sequence
         self._last_activity = waiter.get_loop().time()
         self.direct_deliveries += 1
+        metrics.SSE_EVENTS.n += len(records)
         return True
 
     def stream_gone(self) -> None:
@@ -169,6 +176,7 @@ class Subscription:
 
     def close(self) -> None:
         """Release the timer; the subscription delivers nothing more."""
+        self._end_backfill()
         self._finished = True
         self._sink = None
         self._buffer.clear()
@@ -183,9 +191,18 @@ class Subscription:
     async def prime(self) -> None:
         """The first read (the backfill's first page), done before the edge starts its
         response: raises CursorInFuture / CursorExpired / NotFound for a bad cursor."""
-        page = await self._read_page(self.last_sent, self._page)
+        if tracing.ENABLED:
+            self._backfill_span = tracing.tracer().start_span(
+                "sse.backfill", attributes={"ductor_streams.cursor": self.last_sent}
+            )
+        try:
+            page = await self._read_page(self.last_sent, self._page)
+        except BaseException:
+            self._end_backfill()
+            raise
         self._catching_up = _more_after(page)
         self._pending = self._take_page(page)
+        self._backfill_page(len(page.records))
         self._last_activity = asyncio.get_running_loop().time()
 
     async def next(self, idle_timeout: float | None = None) -> list[LiveBatch] | Terminal | None:
@@ -224,6 +241,8 @@ class Subscription:
                     return self._finish(_interrupted(exc))
                 self._catching_up = _more_after(page)
                 batches = self._take_page(page)
+                if not self._backfill_done:
+                    self._backfill_page(len(page.records))
                 if batches:
                     return batches
                 continue
@@ -245,6 +264,22 @@ class Subscription:
                 return self._finish(delivery)
             if delivery:
                 return delivery
+
+    def _backfill_page(self, records: int) -> None:
+        self.backfilled += records
+        if not self._catching_up:
+            self._end_backfill()
+
+    def _end_backfill(self) -> None:
+        """The backfill is over (caught up, or the subscription ended first)."""
+        if self._backfill_done:
+            return
+        self._backfill_done = True
+        metrics.SSE_BACKFILL_RECORDS.observe(self.backfilled)
+        span, self._backfill_span = self._backfill_span, None
+        if span is not None:
+            span.set_attribute("ductor_streams.records", self.backfilled)
+            span.end()
 
     @property
     def finished(self) -> bool:

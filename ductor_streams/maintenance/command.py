@@ -9,6 +9,7 @@ from ductor_streams.logs import configure_logging
 from ductor_streams.maintenance.upkeep import PassReport, UpkeepConfig, run_pass
 from ductor_streams.objects.stores import BlobStores
 from ductor_streams.store.db import create_pool
+from ductor_streams.tracing import configure_tracing
 
 
 async def _prune(settings: Settings, config: UpkeepConfig) -> PassReport:
@@ -33,6 +34,7 @@ def prune_once(settings: Settings) -> int:
     as in ``serve`` and ``workers``."""
     settings.require_database()
     configure_logging(settings.log_level_number)
+    configure_tracing(settings, service="ductor-streams-prune")
     config = settings.upkeep
     report = asyncio.run(_prune(settings, config))
     for line in report.lines():

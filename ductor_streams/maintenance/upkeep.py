@@ -17,7 +17,7 @@ from typing import Any
 
 import asyncpg
 
-from ductor_streams import metrics
+from ductor_streams import metrics, tracing
 from ductor_streams.config import Settings
 from ductor_streams.maintenance.deletions import DeletionReport, run_deletions
 from ductor_streams.maintenance.retention import RetentionReport, prune_all
@@ -93,6 +93,16 @@ async def run_pass(
     orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE_SECONDS,
 ) -> PassReport:
     """Prune, expire, sweep orphans (when asked), then carry out due deletions."""
+    with tracing.span("maintenance pass", {"ductor_streams.sweep_orphans": sweep_orphans_now}):
+        return await _run_pass(pool, stores, sweep_orphans_now, orphan_grace_seconds)
+
+
+async def _run_pass(
+    pool: asyncpg.Pool,
+    stores: BlobStores,
+    sweep_orphans_now: bool,
+    orphan_grace_seconds: float,
+) -> PassReport:
     report = PassReport()
     report.retention = await prune_all(pool)
     report.expired_intents = await expire_intents(pool)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ductor_streams import metrics
+from ductor_streams import metrics, tracing
 from ductor_streams.errors import (
     CreditExhausted,
     DefinitionConflict,
@@ -198,6 +198,12 @@ class ObjectService:
         Uploading again to an ``uploaded`` intent checks the bytes against the pins and
         keeps what is stored (a retry after a lost answer gets the same answer).
         """
+        with tracing.span("object upload", {"ductor_streams.object_id": str(object_id)}):
+            return await self._upload(ref, object_id, chunks)
+
+    async def _upload(
+        self, ref: StreamRef, object_id: str, chunks: AsyncIterable[bytes]
+    ) -> ObjectIntent:
         self._check_writer(ref)
         intent = await self.get(ref, object_id)
         self._raise_for_state(intent)
@@ -233,6 +239,10 @@ class ObjectService:
     async def commit(self, ref: StreamRef, object_id: str) -> Committed:
         """Append the object's record once the stored bytes match the pins; again ->
         the original sequence. Credit, quota and close apply as for any append."""
+        with tracing.span("object commit", {"ductor_streams.object_id": str(object_id)}):
+            return await self._commit(ref, object_id)
+
+    async def _commit(self, ref: StreamRef, object_id: str) -> Committed:
         self._check_writer(ref)
         intent = await self.get(ref, object_id)
         if intent.state == "committed":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from temporalio.plugin import SimplePlugin
 from temporalio.worker import WorkflowRunner
@@ -57,4 +58,22 @@ class StreamsPlugin(SimplePlugin):
             activities=self.streams_activities.all(),
             workflow_runner=_pass_through,
             run_context=self.streams_activities.lifetime,
+            interceptors=_tracing_interceptors(settings) or None,
         )
+
+
+def _tracing_interceptors(settings: Settings) -> list[Any]:
+    """Temporal's tracing interceptor (ductor_streams/temporal_tracing.py) when tracing
+    is configured: through the application's own OpenTelemetry provider if it set one
+    up before, else ours from the OTEL_* variables (docs/operators.md). With neither,
+    none: nothing of OpenTelemetry runs in the worker's client or workflows."""
+    from ductor_streams import tracing
+
+    tracer = tracing.application_tracer()
+    if tracer is None and not tracing.configure_tracing(
+        settings, service="ductor-streams-temporal-worker"
+    ):
+        return []
+    from ductor_streams.temporal_tracing import interceptors
+
+    return interceptors(tracer)

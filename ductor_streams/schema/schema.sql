@@ -1,7 +1,7 @@
 -- The current workflow_streams schema: what every migration in schema/migrations/ adds up to.
 -- Generated from a freshly migrated database by `make schema`; do not edit by hand.
 -- A migration changes the schema; this file only shows the result in one place.
--- Read from Postgres 18.
+-- Read from Postgres 15.
 
 SET check_function_bodies = false;
 
@@ -88,6 +88,7 @@ CREATE TABLE workflow_streams.input_deliveries (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     retried_by text,
     retried_at timestamp with time zone,
+    trace_context text,
     CONSTRAINT input_deliveries_pkey PRIMARY KEY (delivery_id),
     CONSTRAINT input_deliveries_record UNIQUE (stream_pk, sequence),
     CONSTRAINT input_deliveries_state_check CHECK (state = ANY (ARRAY['pending'::text, 'retrying'::text, 'delivered'::text, 'dead'::text]))
@@ -225,8 +226,8 @@ CREATE VIEW workflow_streams.open_delivery_heads AS
                   ORDER BY o.stream_pk, o.sequence
                  LIMIT 1) n
         )
- SELECT stream_pk,
-    sequence
+ SELECT lanes.stream_pk,
+    lanes.sequence
    FROM lanes;
 
 -- Functions
@@ -311,6 +312,15 @@ $function$;
 
 CREATE OR REPLACE FUNCTION workflow_streams.append_requests(p_stream_pk bigint, p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[], p_notify boolean)
  RETURNS TABLE(request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM workflow_streams.append_requests(
+        p_stream_pk, p_counts, p_keys, p_hashes, p_payloads, p_sizes, p_objects, p_notify,
+        NULL::text[])
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.append_requests(p_stream_pk bigint, p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[], p_notify boolean, p_traces text[])
+ RETURNS TABLE(request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
  LANGUAGE plpgsql
 AS $function$
 DECLARE
@@ -323,6 +333,7 @@ DECLARE
     v_requests      integer := coalesce(array_length(p_counts, 1), 0);
     v_seq           bigint[];   -- [k]: sequence of record k; NULL unless appended
     v_cum           bigint[];   -- [k]: cumulative_bytes of record k once appended
+    v_trace         text[];     -- [k]: the traceparent of record k's request (p_traces)
     v_latest_before bigint;
     v_offset        integer := 0;
     v_n             integer;
@@ -347,6 +358,9 @@ BEGIN
     -- Full length from the start: unnest below pairs v_seq with p_payloads by position.
     v_seq           := array_fill(NULL::bigint, ARRAY[coalesce(array_length(p_sizes, 1), 0)]);
     v_cum           := v_seq;
+    IF p_traces IS NOT NULL THEN
+        v_trace := array_fill(NULL::text, ARRAY[coalesce(array_length(p_sizes, 1), 0)]);
+    END IF;
 
     FOR i IN 1 .. v_requests LOOP
         -- Request i is records v_offset + 1 .. v_offset + v_n ([0] is NULL: no records).
@@ -396,6 +410,11 @@ BEGIN
                 s.total_bytes := s.total_bytes + p_sizes[v_offset + g];
                 v_cum[v_offset + g] := s.total_bytes;
             END LOOP;
+            IF p_traces[i] IS NOT NULL THEN
+                FOR g IN 1 .. v_n LOOP
+                    v_trace[v_offset + g] := p_traces[i];
+                END LOOP;
+            END IF;
             IF p_keys[i] IS NOT NULL THEN
                 INSERT INTO workflow_streams.append_receipts
                        (stream_pk, idempotency_key, request_hash, first_sequence, last_sequence)
@@ -418,9 +437,14 @@ BEGIN
           FROM unnest(p_payloads, p_sizes, p_objects, v_seq, v_cum)
                AS r(payload, size, object, seq, cum)
          WHERE r.seq IS NOT NULL;
-        IF s.direction = 'input' THEN
+        IF s.direction = 'input' AND v_trace IS NULL THEN
             INSERT INTO workflow_streams.input_deliveries (stream_pk, sequence)
             SELECT p_stream_pk, n FROM generate_series(v_latest_before + 1, s.latest_sequence) n;
+        ELSIF s.direction = 'input' THEN
+            INSERT INTO workflow_streams.input_deliveries (stream_pk, sequence, trace_context)
+            SELECT p_stream_pk, r.seq, r.trace
+              FROM unnest(v_seq, v_trace) AS r(seq, trace)
+             WHERE r.seq IS NOT NULL;
         END IF;
         UPDATE workflow_streams.streams
            SET latest_sequence = s.latest_sequence,
@@ -441,6 +465,15 @@ $function$;
 
 CREATE OR REPLACE FUNCTION workflow_streams.append_stream_groups(p_stream_pks bigint[], p_group_requests integer[], p_group_records integer[], p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[], p_notify boolean)
  RETURNS TABLE(group_index integer, request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM workflow_streams.append_stream_groups(
+        p_stream_pks, p_group_requests, p_group_records, p_counts, p_keys, p_hashes,
+        p_payloads, p_sizes, p_objects, p_notify, NULL::text[])
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.append_stream_groups(p_stream_pks bigint[], p_group_requests integer[], p_group_records integer[], p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[], p_notify boolean, p_traces text[])
+ RETURNS TABLE(group_index integer, request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
  LANGUAGE plpgsql
 AS $function$
 DECLARE
@@ -451,6 +484,10 @@ DECLARE
     v_pk        bigint[] := array_fill(NULL::bigint, ARRAY[v_records]);
     v_seq       bigint[] := array_fill(NULL::bigint, ARRAY[v_records]);
     v_cum       bigint[] := array_fill(NULL::bigint, ARRAY[v_records]);
+    -- [k]: the traceparent of record k's request, for the groups appended whole.
+    v_trace     text[] := array_fill(NULL::text, ARRAY[v_records]);
+    v_k         integer;
+    j           integer;
     v_inputs    boolean := false;  -- a group appended whole is an input stream's
     v_whole     boolean;
     -- The stream of a group appended whole, as its UPDATE left it; v_latest and
@@ -522,7 +559,8 @@ BEGIN
                            p_payloads[v_rec + 1 : v_rec + v_nrec],
                            p_sizes[v_rec + 1 : v_rec + v_nrec],
                            p_objects[v_rec + 1 : v_rec + v_nrec],
-                           p_notify) a
+                           p_notify,
+                           p_traces[v_req + 1 : v_req + v_nreq]) a
                  ORDER BY a.request_index;
         ELSE
             -- Appended whole: the records' places and each request's answer.
@@ -532,6 +570,15 @@ BEGIN
                 v_seq[v_rec + k] := v_latest + k;
                 v_cum[v_rec + k] := v_total_bytes;
             END LOOP;
+            IF p_traces IS NOT NULL THEN
+                v_k := v_rec;
+                FOR k IN v_req + 1 .. v_req + v_nreq LOOP
+                    FOR j IN 1 .. p_counts[k] LOOP
+                        v_k := v_k + 1;
+                        v_trace[v_k] := p_traces[k];
+                    END LOOP;
+                END LOOP;
+            END IF;
             group_index := g;
             outcome := 'appended';
             FOR k IN 1 .. v_nreq LOOP
@@ -560,9 +607,9 @@ BEGIN
            AS r(pk, seq, payload, size, cum, object)
      WHERE r.seq IS NOT NULL;
     IF v_inputs THEN
-        INSERT INTO workflow_streams.input_deliveries (stream_pk, sequence)
-        SELECT r.pk, r.seq
-          FROM unnest(v_pk, v_seq) AS r(pk, seq)
+        INSERT INTO workflow_streams.input_deliveries (stream_pk, sequence, trace_context)
+        SELECT r.pk, r.seq, r.trace
+          FROM unnest(v_pk, v_seq, v_trace) AS r(pk, seq, trace)
           JOIN workflow_streams.streams st ON st.stream_pk = r.pk
          WHERE r.seq IS NOT NULL AND st.direction = 'input';
     END IF;

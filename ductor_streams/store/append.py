@@ -36,6 +36,8 @@ should it have skipped the fed records) read Postgres as before.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -43,6 +45,7 @@ from typing import Any, Protocol
 
 import asyncpg
 
+from ductor_streams import metrics, tracing
 from ductor_streams.errors import (
     CreditExhausted,
     IdempotencyKeyReused,
@@ -156,6 +159,10 @@ class Appender:
         return outcome_to_result(await self.submit(stream_pk, batch))
 
     async def submit(self, stream_pk: int, batch: EncodedBatch) -> Outcome:
+        if tracing.ENABLED and batch.trace is None:
+            traceparent = tracing.current_traceparent()
+            if traceparent is not None:
+                batch = dataclasses.replace(batch, trace=traceparent)
         lane = self._lanes.get(stream_pk)
         if lane is None:
             lane = self._lanes[stream_pk] = _Lane()
@@ -215,6 +222,9 @@ class Appender:
         feed = self.feed
         followed = [pk for pk, _ in groups if feed.follows(pk)] if feed is not None else []
         self._tell_appending(followed, True)
+        requests = sum(len(group) for _, group in groups)
+        started = time.perf_counter()
+        span = _statement_span(groups, requests) if tracing.ENABLED else None
         try:
             if len(groups) == 1:
                 await self._run_group(*groups[0], notify_inline=notify_inline)
@@ -237,6 +247,9 @@ class Appender:
                     _settle(lane.pending.popleft()[1], exc)
             raise
         finally:
+            metrics.observe_statement(requests, time.perf_counter() - started)
+            if span is not None:
+                span.end()
             self._tell_appending(followed, False)
             self._in_flight -= 1
             for stream_pk, _ in groups:
@@ -348,9 +361,10 @@ class Appender:
         """Run append statement ``name`` with its leading arguments ``head``, the batches'
         arguments and ``notify_inline``: plain on the held connection, or its ``_staged``
         form when the batches carry more than STAGED_STATEMENT_BYTES."""
+        traces = statement_traces(batches)
         if not _staged(batches):
             return await self._connection.fetch(
-                QUERIES[name], *head, *statement_arguments(batches), notify_inline
+                QUERIES[name], *head, *statement_arguments(batches), notify_inline, traces
             )
         counts, keys, hashes, _, sizes, objects = statement_arguments(batches, joined=False)
         return await self._fetch_staged(
@@ -363,6 +377,7 @@ class Appender:
             sizes,
             objects,
             notify_inline,
+            traces,
         )
 
     async def _fetch_staged(
@@ -395,6 +410,25 @@ class Appender:
                 (r["outcome"], r["first_sequence"], r["last_sequence"])
             )
         return outcomes, rows[0]["appended_at"]
+
+
+def _statement_span(groups: list[tuple[int, list[Item]]], requests: int) -> Any:
+    """The span of one append statement: a child of its first traced request's span,
+    linked to the others' (a statement carries many requests, of many traces)."""
+    traces = [batch.trace for _, group in groups for batch, _ in group if batch.trace]
+    return tracing.tracer().start_span(
+        "append statement",
+        context=tracing.context_of(traces[0]) if traces else None,
+        links=tracing.links_to(traces[1:]),
+        attributes={
+            "ductor_streams.group_requests": requests,
+            "ductor_streams.group_records": sum(
+                batch.count for _, group in groups for batch, _ in group
+            ),
+            "ductor_streams.group_streams": len(groups),
+            "db.system.name": "postgresql",
+        },
+    )
 
 
 # A statement carrying more payload bytes than this sends them with COPY, in chunks, in
@@ -467,6 +501,15 @@ def statement_arguments(batches: list[EncodedBatch], *, joined: bool = True) -> 
         ",".join(map(str, sizes)),
         objects if any(o is not None for o in objects) else None,
     )
+
+
+def statement_traces(batches: list[EncodedBatch]) -> list[str | None] | None:
+    """Each request's traceparent for its delivery rows; None (no array at all) when
+    no request has one, as always while tracing is off."""
+    for batch in batches:
+        if batch.trace is not None:
+            return [b.trace for b in batches]
+    return None
 
 
 def _check_separators(joined: str, count: int) -> None:

@@ -28,6 +28,9 @@ class EncodedBatch:
     objects: list[str | None]
     idempotency_key: str | None
     request_hash: str
+    # The W3C traceparent of the appending request's span (tracing on and sampled): an
+    # input stream's delivery rows keep it, and the dispatcher's signal continues it.
+    trace: str | None = None
 
     @property
     def count(self) -> int:

@@ -37,6 +37,7 @@ BAD_VALUES: dict[str, str] = {
     "DUCTOR_STREAMS_SHUTDOWN_TIMEOUT_SECONDS": "soon",
     "DUCTOR_STREAMS_LOG_LEVEL": "LOUD",
     "DUCTOR_STREAMS_CORS_ORIGINS": "https://app.example.com/",
+    "DUCTOR_STREAMS_ACCESS_LOG": "sometimes",
     "DUCTOR_STREAMS_HEAD_TIMEOUT_SECONDS": "0",
     "DUCTOR_STREAMS_MAX_HEADER_BYTES": "10",
     "DUCTOR_STREAMS_MAX_CONNECTIONS": "lots",
@@ -63,7 +64,11 @@ BAD_VALUES: dict[str, str] = {
 def _variable_names() -> set[str]:
     from ductor_streams.config import _env
 
-    return {_env(name) for name in Settings.model_fields if name != "temporal_environ"}
+    return {
+        _env(name)
+        for name in Settings.model_fields
+        if name not in ("temporal_environ", "otel_environ")
+    }
 
 
 def test_every_variable_has_a_bad_value_case() -> None:
@@ -74,19 +79,79 @@ def test_every_variable_has_a_bad_value_case() -> None:
 def test_the_documented_table_lists_every_variable() -> None:
     documented = set(re.findall(r"^\| `([A-Z_]+)` \|", DOCS.read_text(), re.M))
     assert _variable_names() <= documented
-    assert documented - _variable_names() <= {
-        "TEMPORAL_ADDRESS",
-        "TEMPORAL_NAMESPACE",
-        "TEMPORAL_API_KEY",
-        "TEMPORAL_PROFILE",
-        "TEMPORAL_CONFIG_FILE",
-        "TEMPORAL_TLS",
-        "TEMPORAL_TLS_CLIENT_CERT_PATH",
-        "TEMPORAL_TLS_CLIENT_KEY_PATH",
-        "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
-        "TEMPORAL_TLS_SERVER_NAME",
-        "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION",
-    }
+    assert (
+        documented - _variable_names()
+        <= {
+            "TEMPORAL_ADDRESS",
+            "TEMPORAL_NAMESPACE",
+            "TEMPORAL_API_KEY",
+            "TEMPORAL_PROFILE",
+            "TEMPORAL_CONFIG_FILE",
+            "TEMPORAL_TLS",
+            "TEMPORAL_TLS_CLIENT_CERT_PATH",
+            "TEMPORAL_TLS_CLIENT_KEY_PATH",
+            "TEMPORAL_TLS_SERVER_CA_CERT_PATH",
+            "TEMPORAL_TLS_SERVER_NAME",
+            "TEMPORAL_TLS_DISABLE_HOST_VERIFICATION",
+        }
+        | OTEL_DOCUMENTED
+    )
+
+
+# The OpenTelemetry variables docs/configuration.md lists (tracing.py reads them).
+OTEL_DOCUMENTED = {
+    "OTEL_TRACES_EXPORTER",
+    "OTEL_EXPORTER_OTLP_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT",
+    "OTEL_EXPORTER_OTLP_PROTOCOL",
+    "OTEL_SERVICE_NAME",
+    "OTEL_TRACES_SAMPLER",
+    "OTEL_TRACES_SAMPLER_ARG",
+    "OTEL_SDK_DISABLED",
+}
+
+
+def test_the_documented_table_lists_the_opentelemetry_variables() -> None:
+    documented = set(re.findall(r"^\| `([A-Z_]+)` \|", DOCS.read_text(), re.M))
+    assert documented >= OTEL_DOCUMENTED
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"),
+    [
+        ("OTEL_TRACES_EXPORTER", "zipkin"),
+        ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc"),
+    ],
+)
+def test_a_bad_opentelemetry_value_exits_2_naming_the_variable(
+    variable: str,
+    value: str,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv(variable, value)
+    assert main(["prune"]) == 2
+    assert variable in capsys.readouterr().err
+
+
+def test_tracing_is_off_unless_the_variables_configure_it() -> None:
+    def exporters(**env: str) -> tuple[str, ...]:
+        return Settings.from_env(env).trace_exporters
+
+    assert exporters() == ()
+    assert exporters(OTEL_SERVICE_NAME="x") == ()
+    assert exporters(OTEL_TRACES_EXPORTER="none") == ()
+    assert exporters(OTEL_EXPORTER_OTLP_ENDPOINT="http://c:4318") == ("otlp",)
+    assert exporters(OTEL_TRACES_EXPORTER="console,otlp") == ("console", "otlp")
+    assert (
+        exporters(
+            OTEL_TRACES_EXPORTER="otlp",
+            OTEL_EXPORTER_OTLP_ENDPOINT="http://c:4318",
+            OTEL_SDK_DISABLED="true",
+        )
+        == ()
+    )
 
 
 @pytest.mark.parametrize("variable", sorted(BAD_VALUES))

@@ -154,6 +154,7 @@ async def test_a_watch_taken_while_appends_run_misses_no_wake(
                         "1",
                         None,
                         True,
+                        None,  # no trace contexts
                     )
                     assert rows[0]["outcome"] == "appended"
 
@@ -255,6 +256,7 @@ async def test_renewing_watches_never_deadlocks_with_an_append_to_many_streams(
                 [1] * 16,
                 *statement_arguments(batches),
                 False,
+                None,  # no trace contexts
             )
         )
         await eventually(lambda: _waiting_on_locks(pool, 1), what="the append waits")

@@ -382,6 +382,7 @@ async def test_stream_groups_answer_and_store_as_each_group_alone(
                     [sum(b.count for b in g) for _, g in groups],
                     *statement_arguments([b for _, g in groups for b in g]),
                     True,
+                    None,  # no trace contexts
                 )
                 calls = await conn.fetchval(
                     "SELECT coalesce(sum(calls), 0) FROM pg_stat_xact_user_functions"

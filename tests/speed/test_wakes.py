@@ -112,7 +112,16 @@ async def test_the_group_transaction_itself_sends_no_notify(
 ) -> None:
     ref = await make_stream(store)
     await pool.fetch(
-        QUERIES["records_append_group"], ref.stream_pk, [1], [None], ["h"], "1", "1", None, False
+        QUERIES["records_append_group"],
+        ref.stream_pk,
+        [1],
+        [None],
+        ["h"],
+        "1",
+        "1",
+        None,
+        False,
+        None,  # no trace contexts
     )
     # Notifications of one session arrive in order: the sentinel comes after anything
     # the append's commit could have sent.

@@ -39,6 +39,8 @@ Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 DS_PATH = re.compile(re.escape(API_MOUNT) + r"/runs/([^/]+)/ds/v1/stream/([^/]+)")
+# The route DS requests are observed as (metrics, spans: http/observe.py).
+DS_TEMPLATE = API_MOUNT + "/runs/{run_id}/ds/v1/stream/{stream_id}"
 ALLOW = "GET, HEAD, POST, PUT, OPTIONS"
 NO_STORE = "no-store"
 SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (

@@ -43,7 +43,7 @@ UPDATE workflow_streams.input_deliveries d
    AND s.stream_pk = d.stream_pk
    AND d.state IN ('pending', 'retrying')
 RETURNING d.delivery_id, d.stream_pk, d.sequence, d.attempts, d.created_at,
-          s.run_id, s.stream_id, s.tenant,
+          d.trace_context, s.run_id, s.stream_id, s.tenant,
           (SELECT r.payload FROM workflow_streams.records r
             WHERE r.stream_pk = d.stream_pk AND r.sequence = d.sequence) AS payload,
           (SELECT r.object::text FROM workflow_streams.records r

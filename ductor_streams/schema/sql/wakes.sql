@@ -10,11 +10,12 @@
 -- is alone in flight) or not (the caller announces the commit afterwards, wake_send).
 -- appended_at: now() is the transaction's start, the records' appended_at (live
 -- delivery of this process builds the committed records from it without a read).
+-- $9: each request's traceparent, NULL when none has one (migration 0020).
 SELECT request_index, outcome, first_sequence, last_sequence, now() AS appended_at
   FROM workflow_streams.append_requests($1, $2::integer[], $3::text[], $4::text[],
                                         string_to_array($5::text, E'\x1e'),
                                         string_to_array($6::text, ',')::integer[],
-                                        $7::jsonb[], $8::boolean);
+                                        $7::jsonb[], $8::boolean, $9::text[]);
 
 -- name: wake_send
 -- Announces commits that have already happened: one NOTIFY per payload, in one
@@ -32,17 +33,17 @@ CREATE TEMP TABLE append_staged_payloads (ord integer, payload text) ON COMMIT D
 
 -- name: records_append_group_staged
 -- records_append_group with its payloads from append_staged_payloads: $5 sizes joined
--- by commas, $6 objects, $7 NOTIFY at commit or not.
+-- by commas, $6 objects, $7 NOTIFY at commit or not, $8 traceparents.
 SELECT request_index, outcome, first_sequence, last_sequence, now() AS appended_at
   FROM workflow_streams.append_requests($1, $2::integer[], $3::text[], $4::text[],
                                         (SELECT array_agg(payload ORDER BY ord)
                                            FROM append_staged_payloads),
                                         string_to_array($5::text, ',')::integer[],
-                                        $6::jsonb[], $7::boolean);
+                                        $6::jsonb[], $7::boolean, $8::text[]);
 
 -- name: records_append_stream_groups_staged
 -- records_append_stream_groups with its payloads from append_staged_payloads: $7 sizes,
--- $8 objects, $9 NOTIFY at commit or not.
+-- $8 objects, $9 NOTIFY at commit or not, $10 traceparents.
 SELECT group_index, request_index, outcome, first_sequence, last_sequence,
        now() AS appended_at
   FROM workflow_streams.append_stream_groups($1::bigint[], $2::integer[], $3::integer[],
@@ -50,15 +51,16 @@ SELECT group_index, request_index, outcome, first_sequence, last_sequence,
                                              (SELECT array_agg(payload ORDER BY ord)
                                                 FROM append_staged_payloads),
                                              string_to_array($7::text, ',')::integer[],
-                                             $8::jsonb[], $9);
+                                             $8::jsonb[], $9, $10::text[]);
 
 -- name: records_append_stream_groups
 -- The groups of several streams (ascending stream_pk) in one transaction; records travel
--- as in records_append_group ($7, $8, $9); $10: NOTIFY at commit or not.
+-- as in records_append_group ($7, $8, $9); $10: NOTIFY at commit or not; $11 each
+-- request's traceparent, NULL when none has one.
 SELECT group_index, request_index, outcome, first_sequence, last_sequence,
        now() AS appended_at
   FROM workflow_streams.append_stream_groups($1::bigint[], $2::integer[], $3::integer[],
                                              $4::integer[], $5::text[], $6::text[],
                                              string_to_array($7::text, E'\x1e'),
                                              string_to_array($8::text, ',')::integer[],
-                                             $9::jsonb[], $10);
+                                             $9::jsonb[], $10, $11::text[]);
