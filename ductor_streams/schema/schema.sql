@@ -639,6 +639,15 @@ $function$;
 
 CREATE OR REPLACE FUNCTION workflow_streams.ds_append(p_stream_pk bigint, p_payloads text[], p_sizes integer[], p_hash text, p_close boolean, p_stream_seq text, p_producer text, p_epoch bigint, p_seq bigint)
  RETURNS TABLE(outcome text, first_sequence bigint, last_sequence bigint, latest_sequence bigint, closed boolean, producer_epoch bigint, producer_seq bigint)
+ LANGUAGE sql
+AS $function$
+    SELECT * FROM workflow_streams.ds_append(
+        p_stream_pk, p_payloads, p_sizes, p_hash, p_close, p_stream_seq, p_producer,
+        p_epoch, p_seq, NULL::text)
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.ds_append(p_stream_pk bigint, p_payloads text[], p_sizes integer[], p_hash text, p_close boolean, p_stream_seq text, p_producer text, p_epoch bigint, p_seq bigint, p_trace text)
+ RETURNS TABLE(outcome text, first_sequence bigint, last_sequence bigint, latest_sequence bigint, closed boolean, producer_epoch bigint, producer_seq bigint)
  LANGUAGE plpgsql
 AS $function$
 DECLARE
@@ -712,7 +721,8 @@ BEGIN
         SELECT * INTO r
           FROM workflow_streams.append_requests(
                    p_stream_pk, ARRAY[v_n], ARRAY[NULL::text], ARRAY[p_hash],
-                   p_payloads, p_sizes, NULL::jsonb[], true) a;
+                   p_payloads, p_sizes, NULL::jsonb[], true,
+                   CASE WHEN p_trace IS NULL THEN NULL ELSE ARRAY[p_trace] END) a;
         IF r.outcome <> 'appended' THEN
             outcome := r.outcome;
             RETURN NEXT;

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from ductor_streams import tracing
 from ductor_streams.definitions import StreamDefinition
 from ductor_streams.errors import NotFound
 from ductor_streams.schema import QUERIES
@@ -78,6 +79,8 @@ async def write(
             headers.producer_id,
             headers.producer_epoch,
             headers.producer_seq,
+            # Kept with an input stream's delivery rows (tracing.py); None while off.
+            tracing.current_traceparent(),
         )
     assert row is not None
     return WriteOutcome(

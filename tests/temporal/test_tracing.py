@@ -425,3 +425,64 @@ async def test_a_server_with_tracing_off_sends_no_spans(
     assert receiver.requests == 0
     text = await asyncio.to_thread(log.read_text)
     assert "tracing is on" not in text and "trace_id" not in text
+
+
+async def test_durable_streams_writes_to_an_input_stream_keep_the_trace_context(
+    memory_spans: InMemorySpanExporter,
+    settings: Settings,
+    auth: TokenFactory,
+    run_id: str,
+    pool: asyncpg.Pool,
+) -> None:
+    app = create_app(settings)
+    headers = auth(runs=[run_id])
+    traces = [_traceparent() for _ in range(3)]
+    async with (
+        app.lifespan(),
+        httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://app", headers=headers
+        ) as http,
+    ):
+        created = await http.post(
+            f"{API}/runs/{run_id}/streams", json={"stream_id": "inbox", "direction": "input"}
+        )
+        assert created.status_code == 201
+        url = f"{API}/runs/{run_id}/ds/v1/stream/inbox"
+        producer = {"Producer-Id": "ui", "Producer-Epoch": "0", "Producer-Seq": "0"}
+        writes = [
+            ({}, b'{"q":1}', 204),  # a plain write: the native group-commit path
+            (producer, b'{"q":2}', 200),  # a producer's write: ds_append (migration 0021)
+            ({}, b'{"q":3}', 204),
+        ]
+        for (traceparent, _, _), (extra, body, status) in zip(traces, writes, strict=True):
+
+            async def post(
+                extra: dict[str, str] = extra, body: bytes = body, traceparent: str = traceparent
+            ) -> httpx.Response:
+                return await http.post(
+                    url,
+                    content=body,
+                    headers={
+                        "Content-Type": "application/json",
+                        "traceparent": traceparent,
+                        **extra,
+                    },
+                )
+
+            r = await asyncio.create_task(post())
+            assert r.status_code == status, r.text
+            assert "x-request-id" in r.headers
+    rows = await pool.fetch(
+        "SELECT d.sequence, d.trace_context FROM workflow_streams.input_deliveries d"
+        " JOIN workflow_streams.streams s USING (stream_pk)"
+        " WHERE s.run_id = $1 ORDER BY d.sequence",
+        run_id,
+    )
+    servers = {
+        span.trace_id: span.span_id
+        for span in _from_memory(memory_spans)
+        if span.name == "POST " + API + "/runs/{run_id}/ds/v1/stream/{stream_id}"
+    }
+    assert [row["sequence"] for row in rows] == [1, 2, 3]
+    for row, (_, trace_id, _) in zip(rows, traces, strict=True):
+        assert row["trace_context"] == f"00-{trace_id}-{servers[trace_id]}-01"
