@@ -10,6 +10,8 @@ part's event loop, threads or crash cannot disturb the next):
 - ``sse``: append -> SSE latency at 1, 100 and 1,000 subscribers (bench/sse_latency.py)
 - ``temporal``: HTTP input -> workflow delivery (bench/temporal_delivery.py)
 - ``objects``: large-object upload and commit (bench/objects.py)
+- ``tracing``: appends/s at 1 and 16 clients with tracing off, on at 100% and at 1%
+  sampling, in one run (bench/tracing.py)
 
 A part whose module is absent is reported and skipped. Every part gets the same
 Postgres server ($DUCTOR_STREAMS_BENCH_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL,
@@ -32,6 +34,7 @@ PARTS = {
     "sse": "bench.sse_latency",
     "temporal": "bench.temporal_delivery",
     "objects": "bench.objects",
+    "tracing": "bench.tracing",
 }
 
 
