@@ -1,6 +1,6 @@
 """The benchmark suite: ``python -m bench`` (or ``make bench``) runs every part in one go.
 
-    python -m bench [--only append,sse,temporal,objects] [--runs 3] [--seconds 5]
+    python -m bench [--only append,sse,temporal,objects,tracing,ds] [--runs 3] [--seconds 5]
 
 Parts (each a module with ``main(argv) -> int``, run in its own process so that one
 part's event loop, threads or crash cannot disturb the next):
@@ -12,6 +12,8 @@ part's event loop, threads or crash cannot disturb the next):
 - ``objects``: large-object upload and commit (bench/objects.py)
 - ``tracing``: appends/s at 1 and 16 clients with tracing off, on at 100% and at 1%
   sampling, in one run (bench/tracing.py)
+- ``ds``: the Durable Streams endpoint beside the native one: appends/s with 1 and 16
+  clients, records/s reading 100,000 records (bench/ds.py)
 
 A part whose module is absent is reported and skipped. Every part gets the same
 Postgres server ($DUCTOR_STREAMS_BENCH_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL,
@@ -35,6 +37,7 @@ PARTS = {
     "temporal": "bench.temporal_delivery",
     "objects": "bench.objects",
     "tracing": "bench.tracing",
+    "ds": "bench.ds",
 }
 
 
@@ -63,8 +66,8 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(PARTS),
         help="comma-separated parts to run (default: all): " + ", ".join(PARTS),
     )
-    parser.add_argument("--runs", type=int, default=3, help="append: runs per shape (median)")
-    parser.add_argument("--seconds", type=float, default=5.0, help="append: seconds per run")
+    parser.add_argument("--runs", type=int, default=3, help="append, ds: runs per shape (median)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="append, ds: seconds per run")
     args = parser.parse_args(argv)
     chosen = [p.strip() for p in args.only.split(",") if p.strip()]
     unknown = [p for p in chosen if p not in PARTS]
@@ -83,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in chosen:
             part_argv = (
                 ["--runs", str(args.runs), "--seconds", str(args.seconds)]
-                if name == "append"
+                if name in ("append", "ds")
                 else []
             )
             if _run_part(name, PARTS[name], part_argv, env) != 0:
