@@ -287,6 +287,7 @@ async def test_catch_up_headers_etag_and_304(ds: Ds) -> None:
     assert (await ds.http.put(ds.url("c"), headers=_json(ds.headers), content=b"[1]")).is_success
     r = await ds.http.get(ds.url("c") + "?offset=-1", headers=ds.headers)
     assert r.headers["cache-control"] == "private, max-age=60, stale-while-revalidate=300"
+    assert r.headers["vary"] == "Authorization"
     assert r.headers["x-content-type-options"] == "nosniff"
     assert r.headers["cross-origin-resource-policy"] == "cross-origin"
     etag = r.headers["etag"]

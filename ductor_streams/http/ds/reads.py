@@ -4,8 +4,9 @@ A catch-up read is one page read from the offset: up to ``PAGE_RECORDS`` records
 about ``PAGE_BYTES`` of payload. Long-poll at the tail waits on the process's stream
 follower (the machinery of native SSE, live/followers.py) up to the configured timeout.
 Caching follows the protocol for per-user data: catch-up answers ``private, max-age=60,
-stale-while-revalidate=300`` (never ``public``: an answer depends on the token's
-redaction rights) with an ETag; HEAD and ``offset=now`` ``no-store``.
+stale-while-revalidate=300`` with ``Vary: Authorization`` (never ``public``: an answer
+depends on the token's redaction rights) and an ETag; HEAD and ``offset=now``
+``no-store``.
 """
 
 from __future__ import annotations
@@ -89,7 +90,7 @@ async def read(request: Request) -> Reply:
     etag += ':c"' if "Stream-Closed" in reply.headers else '"'
     reply.headers["ETag"] = etag
     if request.header("if-none-match") == etag:
-        return Reply(304, {"ETag": etag, "Cache-Control": reply.headers["Cache-Control"]})
+        return Reply(304, {"ETag": etag, "Cache-Control": CATCH_UP_CACHE, "Vary": "Authorization"})
     return reply
 
 
@@ -123,6 +124,8 @@ def _page_reply(
         "Content-Type": ref.definition.media_type,
         "Stream-Next-Offset": format_offset(latest if next_cursor is None else next_cursor),
         "Cache-Control": CATCH_UP_CACHE,
+        # A browser's cache is keyed by URL: the token picks the redaction.
+        "Vary": "Authorization",
     }
     if at_tail:
         headers["Stream-Up-To-Date"] = "true"
