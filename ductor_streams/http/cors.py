@@ -48,6 +48,10 @@ NATIVE_REQUEST_HEADERS: tuple[str, ...] = (
     "Idempotency-Key",
     "Last-Event-ID",
     "If-None-Match",
+    # A page's own request ID and its trace context (http/observe.py, tracing.py).
+    "X-Request-ID",
+    "traceparent",
+    "tracestate",
 )
 # The Durable Streams protocol's request headers (PROTOCOL.md of durable-streams), the
 # ones the server refuses (TTL, expiry, forks) included: a client must be able to send
@@ -75,6 +79,7 @@ NATIVE_RESPONSE_HEADERS: tuple[str, ...] = (
     "Idempotent-Replayed",
     "Content-Disposition",
     "Allow",
+    "X-Request-ID",
 )
 DS_RESPONSE_HEADERS: tuple[str, ...] = (
     "Stream-Next-Offset",

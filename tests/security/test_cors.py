@@ -126,6 +126,8 @@ async def test_preflight_from_a_listed_origin_is_204_without_a_token(
                 "idempotency-key",
                 "last-event-id",
                 "if-none-match",
+                "x-request-id",
+                "traceparent",
                 "stream-seq",
                 "stream-closed",
                 "producer-id",
@@ -171,6 +173,10 @@ async def test_answers_to_a_listed_origin_carry_the_allow_and_expose_headers(
         assert r.status_code == expected, r.text
         assert_allowed_answer(r, LISTED)
     assert r.headers["idempotent-replayed"] == "true"
+    # A page can quote the answer's request ID (the records front sets it too).
+    assert r.headers["x-request-id"] and "x-request-id" in listed_values(
+        r.headers["access-control-expose-headers"]
+    )
     r = await listed.get(records, headers=h)
     assert r.status_code == 200 and [x["payload"] for x in r.json()["records"]] == [{"n": 1}]
     assert_allowed_answer(r, LISTED)
