@@ -335,3 +335,73 @@ async def test_long_poll_wakes_on_append_and_times_out_with_204(ds: Ds) -> None:
     assert idle.status_code == 204
     assert idle.headers["stream-up-to-date"] == "true"
     assert idle.headers["stream-next-offset"] == tail
+
+
+class _SseReader:
+    """SSE events of one response, read on demand."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        self._chunks = response.aiter_text()
+        self._buffer = ""
+
+    async def until(self, marker: str) -> list[tuple[str, str]]:
+        """Events (name, joined data) up to the first whose data holds ``marker``, or to
+        the end of the response."""
+        events: list[tuple[str, str]] = []
+        name, data = "message", []
+        while True:
+            while "\n" in self._buffer:
+                line, self._buffer = self._buffer.split("\n", 1)
+                if not line:
+                    events.append((name, "\n".join(data)))
+                    if marker in events[-1][1]:
+                        return events
+                    name, data = "message", []
+                elif line.startswith("event:"):
+                    name = line[6:].strip()
+                elif line.startswith("data:"):
+                    data.append(line[5:].removeprefix(" "))
+            try:
+                self._buffer += await self._chunks.__anext__()
+            except StopAsyncIteration:
+                return events
+
+
+async def test_sse_frames_live_records_and_ends_at_close(ds: Ds) -> None:
+    import asyncio
+    import base64
+
+    headers = {**ds.headers, "Content-Type": "application/octet-stream"}
+    assert (await ds.http.put(ds.url("live"), headers=headers, content=b"\x00\x01")).is_success
+    async with ds.http.stream(
+        "GET", ds.url("live") + "?offset=-1&live=sse", headers=ds.headers
+    ) as sse:
+        assert sse.headers["content-type"] == "text/event-stream"
+        assert sse.headers["stream-sse-data-encoding"] == "base64"
+        assert sse.headers["cache-control"] == "no-cache"
+        reader = _SseReader(sse)
+        first = await reader.until("upToDate")
+        assert first[0] == ("data", base64.b64encode(b"\x00\x01").decode())
+        assert first[1][0] == "control"
+        control = msgspec.json.decode(first[1][1])
+        assert control["streamNextOffset"] == "00000000000000000001"
+        assert control["upToDate"] is True and control["streamCursor"].isdigit()
+
+        async def append_and_close() -> None:
+            await ds.http.post(ds.url("live"), headers=headers, content=b"\xff" * 3)
+            await ds.http.post(ds.url("live"), headers={**ds.headers, "Stream-Closed": "true"})
+
+        writer = asyncio.ensure_future(append_and_close())
+        rest = await reader.until("streamClosed")
+        await writer
+    data = [d for name, d in rest if name == "data"]
+    controls = [msgspec.json.decode(d) for name, d in rest if name == "control"]
+    assert b"".join(base64.b64decode(d) for d in data) == b"\xff" * 3
+    assert controls[-1] == {
+        "streamNextOffset": "00000000000000000002",
+        "streamClosed": True,
+        "upToDate": True,
+    }
+    # Every data event is followed by a control event.
+    names = [name for name, _ in rest]
+    assert all(names[i + 1] == "control" for i, n in enumerate(names) if n == "data")
