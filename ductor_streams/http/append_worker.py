@@ -5,16 +5,18 @@ a large body's work off the event loop; a process can. ``encode_in_worker`` send
 body to one of at most ``WORKERS`` children (``main`` below in a new interpreter,
 started on first use, one set per event loop) and waits for the answer without
 blocking. The children run ``append_body.encode_append``, the very function small
-bodies run inline, and send back the encoded batch or the domain error it raised. A
+bodies run inline (or, for a Durable Streams JSON body, ``http/ds/media.json_batch``),
+and send back the encoded batch or the domain error it raised. A
 child exits when its stdin closes (the server stopped); one that fails mid-request is
 killed, and the next request starts another.
 
 Frames on the pipes, big-endian: request ``body length (u64), key length (i32, -1 for
-none), key (UTF-8), body``; answer ``meta length (u64), meta, texts length (u64),
-texts``: the meta is msgpack, ``{"hash", "key", "sizes"}`` or ``{"error", "detail"}``,
-the texts the payloads' compact JSON one after the other (their byte sizes are
-``sizes``). Both ways the bytes move a slice at a time: asyncio copies what a pipe does
-not take at once into its buffer, and one 64 MiB copy alone holds the loop for ~30 ms.
+none), kind (u8, ``KINDS``), key (UTF-8), body``; answer ``meta length (u64), meta,
+texts length (u64), texts``: the meta is msgpack, ``{"hash", "key", "sizes"}`` or
+``{"error", "detail"}``, the texts the payloads' compact JSON one after the other (their
+byte sizes are ``sizes``). Both ways the bytes move a slice at a time: asyncio copies
+what a pipe does not take at once into its buffer, and one 64 MiB copy alone holds the
+loop for ~30 ms.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from ductor_streams.errors import (
     InvalidIdempotencyKey,
     InvalidInput,
     RecordTooLarge,
+    RequestTooLarge,
     StreamsError,
 )
 from ductor_streams.store.encoding import EncodedBatch
@@ -49,22 +52,35 @@ _NICENESS = 10
 _YIELD_BYTES = 4 * 1024 * 1024
 _PIPE_LIMIT = 1024 * 1024
 _PIPE_SLICE = 1024 * 1024
-_REQUEST = struct.Struct(">Qi")
+_REQUEST = struct.Struct(">QiB")
+# What a child makes of a body: a native append body, or a DS JSON body (an append's,
+# or a create's, where [] is allowed).
+KINDS = ("native", "ds-append", "ds-create")
 _LENGTH = struct.Struct(">Q")
 # The errors ``encode_append`` raises, by code; any other answer is an internal error.
 _ERRORS: dict[str, type[StreamsError]] = {
     cls.code: cls
-    for cls in (InvalidBody, InvalidInput, InvalidBatch, InvalidIdempotencyKey, RecordTooLarge)
+    for cls in (
+        InvalidBody,
+        InvalidInput,
+        InvalidBatch,
+        InvalidIdempotencyKey,
+        RecordTooLarge,
+        RequestTooLarge,
+    )
 }
 
 
-async def encode_in_worker(raw: Body, idempotency_key: str | None) -> EncodedBatch:
-    """``append_body.encode_append(raw, idempotency_key)``, computed in a child process."""
+async def encode_in_worker(
+    raw: Body, idempotency_key: str | None, kind: str = "native"
+) -> EncodedBatch:
+    """``append_body.encode_append(raw, idempotency_key)`` (or, by ``kind``, the DS
+    JSON body's batch: ``http/ds/media.json_batch``), computed in a child process."""
     loop = asyncio.get_running_loop()
     pool = _pools.get(loop)
     if pool is None:
         pool = _pools[loop] = _Pool(WORKERS)
-    meta, texts = await pool.exchange(raw, idempotency_key)
+    meta, texts = await pool.exchange(raw, idempotency_key, KINDS.index(kind))
     return await _batch_from(meta, texts)
 
 
@@ -101,12 +117,12 @@ class _Child:
         return self.process.returncode is None
 
     async def exchange(
-        self, raw: Body, idempotency_key: str | None
+        self, raw: Body, idempotency_key: str | None, kind: int
     ) -> tuple[dict[str, Any], list[bytes]]:
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
         key = b"" if idempotency_key is None else idempotency_key.encode()
-        stdin.write(_REQUEST.pack(len(raw), -1 if idempotency_key is None else len(key)))
+        stdin.write(_REQUEST.pack(len(raw), -1 if idempotency_key is None else len(key), kind))
         stdin.write(key)
         body = memoryview(raw)
         for start in range(0, len(raw), _PIPE_SLICE):
@@ -147,7 +163,7 @@ class _Pool:
         self._idle: list[_Child] = []
 
     async def exchange(
-        self, raw: Body, idempotency_key: str | None
+        self, raw: Body, idempotency_key: str | None, kind: int
     ) -> tuple[dict[str, Any], list[bytes]]:
         async with self._slots:
             child = None
@@ -157,7 +173,7 @@ class _Pool:
             if child is None:
                 child = await _Child.start()
             try:
-                answer = await child.exchange(raw, idempotency_key)
+                answer = await child.exchange(raw, idempotency_key, kind)
             except BaseException as exc:
                 # A cancelled or failed exchange leaves the pipes mid-frame: never reuse.
                 child.kill()
@@ -206,13 +222,17 @@ async def _batch_from(meta: dict[str, Any], texts: list[bytes]) -> EncodedBatch:
     return EncodedBatch(payloads, meta["sizes"], [None] * len(payloads), meta["key"], meta["hash"])
 
 
-def _answer(raw: bytes, idempotency_key: str | None) -> bytes:
+def _answer(raw: bytes, idempotency_key: str | None, kind: int = 0) -> bytes:
     """The child's answer to one request: the frames after the request's."""
     from ductor_streams.http.append_body import encode_append
+    from ductor_streams.http.ds.media import json_batch
 
     texts = b""
     try:
-        batch = encode_append(raw, idempotency_key)
+        if KINDS[kind] == "native":
+            batch = encode_append(raw, idempotency_key)
+        else:
+            batch = json_batch(raw, create=KINDS[kind] == "ds-create")
     except StreamsError as exc:
         meta: dict[str, Any] = {"error": exc.code, "detail": exc.detail}
     except Exception as exc:  # reported, not raised: the child serves the next request
@@ -236,10 +256,10 @@ def main() -> None:
     requests, answers = sys.stdin.buffer, sys.stdout.buffer
     sys.stdout = sys.stderr  # nothing but frames on the answer pipe
     while (header := _read_exactly(requests, _REQUEST.size)) is not None:
-        body_length, key_length = _REQUEST.unpack(header)
+        body_length, key_length, kind = _REQUEST.unpack(header)
         key = b"" if key_length <= 0 else _read_exactly(requests, key_length)
         raw = _read_exactly(requests, body_length) if body_length else b""
         if key is None or raw is None:
             return
-        answers.write(_answer(raw, None if key_length < 0 else key.decode()))
+        answers.write(_answer(raw, None if key_length < 0 else key.decode(), kind))
         answers.flush()

@@ -405,3 +405,33 @@ async def test_sse_frames_live_records_and_ends_at_close(ds: Ds) -> None:
     # Every data event is followed by a control event.
     names = [name for name, _ in rest]
     assert all(names[i + 1] == "control" for i, n in enumerate(names) if n == "data")
+
+
+async def test_large_json_bodies_are_decoded_off_the_event_loop(ds: Ds) -> None:
+    """Bodies past 2 MiB go to the append worker process (as native ones do): the same
+    records, the same refusals; past 1,000,000 JSON values 413 before any decoding."""
+    assert (await ds.http.put(ds.url("big"), headers=_json(ds.headers))).status_code == 201
+    messages = [{"i": i, "s": "x" * 3000} for i in range(1000)]  # ~3 MB
+    body = msgspec.json.encode(messages)
+    assert len(body) > 2 * 1024 * 1024
+    r = await ds.http.post(ds.url("big"), headers=_json(ds.headers), content=body)
+    assert r.status_code == 204, r.text
+    assert r.headers["stream-next-offset"] == "00000000000000001000"
+    records = await _read_native(ds, "big")
+    assert [rec["payload"] for rec in records] == messages
+    broken = body[:-1] + b"}"
+    r = await ds.http.post(ds.url("big"), headers=_json(ds.headers), content=broken)
+    assert r.status_code == 400 and r.json()["code"] == "invalid_body"
+    too_many = b"[" + b",".join([b"0"] * 1_100_000) + b"]"
+    r = await ds.http.post(ds.url("big"), headers=_json(ds.headers), content=too_many)
+    assert r.status_code == 413 and r.json()["code"] == "request_too_large"
+    r = await ds.http.post(
+        ds.url("big"), headers=_json(ds.headers), content=msgspec.json.encode([0] * 1001)
+    )
+    assert r.status_code == 413
+    r = await ds.http.post(
+        ds.url("big"), headers=_json(ds.headers), content=msgspec.json.encode(["y" * 70_000])
+    )
+    assert r.status_code == 413 and r.json()["code"] == "record_too_large"
+    head = await ds.http.head(ds.url("big"), headers=ds.headers)
+    assert head.headers["stream-next-offset"] == "00000000000000001000"  # nothing more

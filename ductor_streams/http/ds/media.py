@@ -16,8 +16,10 @@ most 1,000 records (48,000,000 bytes of binary, 10,000,000 characters of text) a
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import hashlib
 from collections.abc import Iterable, Sequence
 from typing import Literal
 
@@ -25,12 +27,17 @@ import msgspec
 
 from ductor_streams.definitions import is_json_media_type, media_type_essence
 from ductor_streams.errors import InvalidBody, RequestTooLarge
-from ductor_streams.http.append_body import MAX_JSON_VALUES
+from ductor_streams.http.append_body import (
+    INLINE_BYTES,
+    INLINE_SCANNED_BYTES,
+    INLINE_SCANNED_VALUES,
+    MAX_JSON_VALUES,
+    SCAN_SLICE,
+)
 from ductor_streams.redaction import redact_json_text
 from ductor_streams.store.encoding import (
     MAX_BATCH_RECORDS,
     EncodedBatch,
-    batch_of_encoded,
     check_record_size,
     encode_payload,
 )
@@ -45,8 +52,8 @@ TEXT_CHUNK_CHARS = 10_000
 MAX_BYTES_BODY = BYTES_CHUNK * MAX_BATCH_RECORDS
 # A JSON body of 1,000 messages of 64 KiB, with room for whitespace.
 MAX_JSON_BODY = 80 * 1024 * 1024
-# Bodies larger than this have their JSON values counted before they are decoded.
-_COUNT_ABOVE = 256 * 1024
+# Bytes of records built between two yields to the event loop.
+_YIELD_BYTES = 4 * 1024 * 1024
 DEFAULT_CREATE_TYPE = "application/octet-stream"
 
 
@@ -73,14 +80,20 @@ def _check_text_charset(media_type: str) -> None:
             raise InvalidBody("text streams hold UTF-8 text only")
 
 
-def encode_body(mode: Mode, media_type: str, body: bytes, *, create: bool) -> EncodedBatch | None:
+async def encode_body(
+    mode: Mode, media_type: str, body: bytes, *, create: bool
+) -> EncodedBatch | None:
     """The records of a DS body; None when it holds none (an empty body, or ``[]`` at
-    create). InvalidBody (400) or RequestTooLarge / RecordTooLarge (413)."""
+    create). InvalidBody (400) or RequestTooLarge / RecordTooLarge (413).
+
+    As for native appends (http/append_body.py), no body holds the event loop for long:
+    a large JSON body is decoded in the append worker process once its values are
+    counted, and bytes and text are turned into records a few MiB at a time."""
     if not body:
         return None
     if mode == "json":
-        raws = _json_messages(body, create=create)
-        return batch_of_encoded(raws, idempotency_key=None) if raws else None
+        batch = await _json_body(body, create=create)
+        return batch if batch.count else None
     if mode == "text":
         _check_text_charset(media_type)
         try:
@@ -89,28 +102,88 @@ def encode_body(mode: Mode, media_type: str, body: bytes, *, create: bool) -> En
             raise InvalidBody("the body is not UTF-8 text") from None
         if len(text) > TEXT_CHUNK_CHARS * MAX_BATCH_RECORDS:
             raise RequestTooLarge(f"a text append holds at most {TEXT_CHUNK_CHARS * 1000:,} chars")
-        raws = [
-            encode_payload(text[i : i + TEXT_CHUNK_CHARS])
-            for i in range(0, len(text), TEXT_CHUNK_CHARS)
-        ]
-        return batch_of_encoded(raws, idempotency_key=None)
+        raws = []
+        for i in range(0, len(text), TEXT_CHUNK_CHARS):
+            raws.append(encode_payload(text[i : i + TEXT_CHUNK_CHARS]))
+            if i and i % (100 * TEXT_CHUNK_CHARS) == 0:
+                await asyncio.sleep(0)
+        return await _batch(raws)
     if len(body) > MAX_BYTES_BODY:
         raise RequestTooLarge(f"a binary append holds at most {MAX_BYTES_BODY:,} bytes")
-    raws = [
-        b'"' + base64.b64encode(body[i : i + BYTES_CHUNK]) + b'"'
-        for i in range(0, len(body), BYTES_CHUNK)
-    ]
-    return batch_of_encoded(raws, idempotency_key=None)
+    raws = []
+    for i in range(0, len(body), BYTES_CHUNK):
+        raws.append(b'"' + base64.b64encode(body[i : i + BYTES_CHUNK]) + b'"')
+        if i and i % (100 * BYTES_CHUNK) == 0:
+            await asyncio.sleep(0)
+    return await _batch(raws)
+
+
+async def _batch(raws: list[bytes]) -> EncodedBatch:
+    """``encoding.batch_of_encoded(raws)`` (the same texts, sizes and hash), yielding to
+    the event loop every few MiB."""
+    digest = hashlib.sha256()
+    payloads: list[str] = []
+    since = 0
+    for raw in raws:
+        digest.update(len(raw).to_bytes(4, "big"))
+        digest.update(raw)
+        payloads.append(raw.decode("utf-8"))
+        since += len(raw)
+        if since >= _YIELD_BYTES:
+            since = 0
+            await asyncio.sleep(0)
+    return EncodedBatch(
+        payloads, [len(r) for r in raws], [None] * len(raws), None, digest.hexdigest()
+    )
+
+
+async def _json_body(body: bytes, *, create: bool) -> EncodedBatch:
+    if len(body) > MAX_JSON_BODY:
+        raise RequestTooLarge()
+    if len(body) <= INLINE_BYTES:
+        return json_batch(body, create=create)
+    values = await _values_bound(body)
+    if len(body) <= INLINE_SCANNED_BYTES and values <= INLINE_SCANNED_VALUES:
+        return json_batch(body, create=create)
+    # Imported here: the worker module imports this one (its children run json_batch).
+    from ductor_streams.http.append_worker import encode_in_worker
+
+    return await encode_in_worker(body, None, "ds-create" if create else "ds-append")
+
+
+async def _values_bound(body: bytes) -> int:
+    """An upper bound on the JSON values of ``body`` (append_body.json_values_bound's
+    count, for any JSON value), counted a slice at a time; RequestTooLarge past
+    MAX_JSON_VALUES, before anything is decoded."""
+    values = 1
+    for start in range(0, len(body), SCAN_SLICE):
+        piece = body[start : start + SCAN_SLICE]
+        values += 2 * (piece.count(b"[") + piece.count(b"{"))
+        values += piece.count(b",") + piece.count(b":")
+        if values > MAX_JSON_VALUES:
+            raise RequestTooLarge(f"the body holds more than {MAX_JSON_VALUES:,} JSON values")
+        await asyncio.sleep(0)
+    return values
+
+
+def json_batch(body: bytes, *, create: bool) -> EncodedBatch:
+    """The records of a DS JSON body, in one call (inline for small bodies, in the append
+    worker process for large ones); no records for ``[]`` at create."""
+    raws = _json_messages(body, create=create)
+    digest = hashlib.sha256()
+    for raw in raws:
+        digest.update(len(raw).to_bytes(4, "big"))
+        digest.update(raw)
+    return EncodedBatch(
+        [raw.decode("utf-8") for raw in raws],
+        [len(raw) for raw in raws],
+        [None] * len(raws),
+        None,
+        digest.hexdigest(),
+    )
 
 
 def _json_messages(body: bytes, *, create: bool) -> list[bytes]:
-    if len(body) > MAX_JSON_BODY:
-        raise RequestTooLarge()
-    if len(body) > _COUNT_ABOVE:
-        # Decoding costs per value (http/append_body.py): bound them before decoding.
-        values = 1 + sum(body.count(c) for c in (b"[", b"{", b",", b":"))
-        if values > MAX_JSON_VALUES:
-            raise RequestTooLarge(f"the body holds more than {MAX_JSON_VALUES:,} JSON values")
     try:
         value = msgspec.json.decode(body)
     except msgspec.DecodeError as exc:

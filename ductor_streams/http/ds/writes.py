@@ -86,7 +86,7 @@ async def create(request: Request) -> Reply:
         object_store_regions=settings.object_store_regions,
     )
     body = await _body(request)
-    batch = media.encode_body(media.mode_of(media_type), media_type, body, create=True)
+    batch = await media.encode_body(media.mode_of(media_type), media_type, body, create=True)
     store = request.state.store
     key = StreamKey(principal.tenant, request.run_id, request.stream_id)
     ref, created, _ = await ds.create(store.pool, store.directory, key, definition, batch, closed)
@@ -172,7 +172,7 @@ async def append(request: Request) -> Reply:
                 MediaTypeMismatch(f"the stream's media type is {ref.definition.media_type}"), {}
             )
         media_type = ref.definition.media_type
-        batch = media.encode_body(media.mode_of(media_type), media_type, body, create=False)
+        batch = await media.encode_body(media.mode_of(media_type), media_type, body, create=False)
     if writer.plain:
         assert batch is not None
         try:
