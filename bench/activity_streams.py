@@ -42,6 +42,7 @@ import asyncio
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
 import tempfile
@@ -50,6 +51,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
@@ -67,6 +69,8 @@ from bench.environment import (
     postgres_server,
     process_cpu_seconds,
 )
+from bench.hops import ENV as HOPS_ENV
+from bench.hops import hop_table, print_hops
 from ductor_streams.config import Settings
 from ductor_streams.schema.migrate import migrate
 from tests.support.server import ServerProcess, settings_env
@@ -86,8 +90,18 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 class Bench:
-    def __init__(self, server: ServerProcess, token: str, client: Client, worker_pid: int) -> None:
+    def __init__(
+        self,
+        server: ServerProcess,
+        token: str,
+        client: Client,
+        worker_pid: int,
+        hops_dir: Path | None = None,
+    ) -> None:
         self.server = server
+        self.hops_dir = hops_dir
+        self.last_results: list[dict[str, Any]] = []
+        self.server_pool: asyncpg.Pool | None = None  # the bench's own queries
         self.token = token
         self.client = client
         self.worker_pid = worker_pid
@@ -135,7 +149,7 @@ class Bench:
 
     async def collected(
         self, followers: subprocess.Popen[str], expected: int
-    ) -> tuple[list[float], dict[str, int]]:
+    ) -> tuple[list[float], dict[str, Any]]:
         """Stop the followers (after the last records had a moment to arrive)."""
         await asyncio.sleep(1.0)
         assert followers.stdin is not None and followers.stdout is not None
@@ -144,6 +158,7 @@ class Bench:
         line = await asyncio.to_thread(followers.stdout.readline)
         followers.wait(10)
         results = json.loads(line)
+        self.last_results = results
         latencies = [v for r in results for v in r["latencies"]]
         in_store = [v for r in results for v in r["in_store"]]
         in_order = sum(r["sequences"] == list(range(1, len(r["sequences"]) + 1)) for r in results)
@@ -183,6 +198,32 @@ class Bench:
     async def workflows(self, mode: str, run_ids: list[str], tokens: int, rate: float) -> list[Any]:
         handles, _ = await self.start_workflows(mode, run_ids, tokens, rate, lead=1.0)
         return list(await asyncio.gather(*(h.result() for h in handles)))
+
+    async def hops(self, run_ids: list[str]) -> dict[str, Any]:
+        """Each hop's p50/p99 for the records of these runs (bench/hops.py)."""
+        assert self.hops_dir is not None
+        for path in self.hops_dir.glob("*.json"):
+            path.unlink()
+        pids = [self.worker_pid, self.server.process.pid]  # type: ignore[union-attr]
+        for pid in pids:
+            os.kill(pid, signal.SIGUSR1)
+        deadline = time.monotonic() + 30
+        while len(list(self.hops_dir.glob("*.json"))) < len(pids):
+            if time.monotonic() > deadline:
+                raise TimeoutError("the worker or the server wrote no hop notes")
+            await asyncio.sleep(0.2)
+        await asyncio.sleep(0.5)  # let the larger file be written whole
+        pks = dict(
+            await self.server_pool.fetch(  # type: ignore[union-attr]
+                "SELECT run_id, stream_pk FROM workflow_streams.streams"
+                " WHERE run_id = ANY($1) AND stream_id = 'output'",
+                run_ids,
+            )
+        )
+        received: dict[int, dict[int, float]] = {}
+        for run_id, result in zip(run_ids, self.last_results, strict=True):
+            received[pks[run_id]] = dict(zip(result["sequences"], result["received"], strict=True))
+        return hop_table(self.hops_dir, received, set(pks.values()))
 
     # -- single ------------------------------------------------------------------------
 
@@ -267,6 +308,8 @@ class Bench:
         followers1, machine1 = process_cpu_seconds(followers.pid), machine_busy_seconds()
         latencies, check = await self.collected(followers, tokens * streams)
         records = tokens * streams
+        if self.hops_dir is not None and mode == "activity":
+            check["hops"] = await self.hops(run_ids)
         return {
             "delivery": percentiles(latencies),
             "server_cores": round((server1 - server0) / elapsed, 3),
@@ -330,11 +373,19 @@ def start_followers(config: dict[str, Any]) -> subprocess.Popen[str]:
     )
 
 
-def start_worker(settings: Settings, log_path: Path) -> subprocess.Popen[bytes]:
+def median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run whose delivery p50 is the median of the runs'."""
+    ordered = sorted(runs, key=lambda r: r["delivery"].get("p50_ms", 0.0))
+    return dict(ordered[len(ordered) // 2])
+
+
+def start_worker(
+    settings: Settings, log_path: Path, extra_env: dict[str, str]
+) -> subprocess.Popen[bytes]:
     with open(log_path, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", "bench.activity_streams_worker"],
-            env={**os.environ, **settings_env(settings)},
+            env={**os.environ, **settings_env(settings), **extra_env},
             stdout=log,
             stderr=log,
         )
@@ -354,24 +405,55 @@ async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, A
         tenant="bench",
         temporal_address=env.client.service_client.config.target_host,
     )
-    worker = start_worker(settings, workdir / "worker.log")
+    hops_dir = workdir / "hops" if args.hops else None
+    extra_env: dict[str, str] = {}
+    if hops_dir is not None:
+        hops_dir.mkdir()
+        extra_env[HOPS_ENV] = str(hops_dir)
+    worker = start_worker(settings, workdir / "worker.log", extra_env)
+    server_process = ServerProcess(
+        settings,
+        log_path=workdir / "serve.log",
+        extra_env=extra_env,
+        module="bench.hops" if hops_dir is not None else "ductor_streams.cli",
+    )
     try:
-        with ServerProcess(settings, log_path=workdir / "serve.log") as server:
+        with server_process as server:
             while "polling" not in (workdir / "worker.log").read_text(errors="replace"):
                 if worker.poll() is not None:
                     raise RuntimeError(f"the worker exited: see {workdir / 'worker.log'}")
                 await asyncio.sleep(0.1)
-            bench = Bench(server, bench_token(secret), env.client, worker.pid)
+            bench = Bench(server, bench_token(secret), env.client, worker.pid, hops_dir)
+            bench.server_pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
+            only = set(args.only.split(",")) if args.only else None
+
+            def wanted(name: str) -> bool:
+                return only is None or name in only
+
             result: dict[str, Any] = {"single": {}, "concurrent": {}}
-            result["single"]["activity"] = await bench.single_activity(args.single_tokens)
-            result["single"]["workflow_append"] = await bench.single_workflow(
-                args.single_workflow_tokens
-            )
-            result["single"]["http"] = await bench.single_http(args.single_http_seconds)
-            for mode in ("activity", "answer", "http"):
-                result["concurrent"][mode] = await bench.concurrent(
-                    mode, args.streams, args.rate, args.seconds
+            if wanted("single-activity"):
+                result["single"]["activity"] = await bench.single_activity(args.single_tokens)
+            if wanted("single-workflow"):
+                result["single"]["workflow_append"] = await bench.single_workflow(
+                    args.single_workflow_tokens
                 )
+            if wanted("single-http"):
+                result["single"]["http"] = await bench.single_http(args.single_http_seconds)
+            for mode in ("activity", "answer", "http"):
+                for _ in range(args.repeat):
+                    if wanted(mode):
+                        row = await bench.concurrent(mode, args.streams, args.rate, args.seconds)
+                        result["concurrent"].setdefault(mode, row)
+                        result["concurrent"].setdefault(f"{mode}_runs", []).append(row)
+            for mode in ("activity", "answer", "http"):
+                runs = result["concurrent"].pop(f"{mode}_runs", [])
+                if len(runs) > 1:
+                    result["concurrent"][mode] = median_run(runs)
+                    result["concurrent"][mode]["runs"] = [
+                        {k: r[k] for k in ("delivery", "server_cores", "worker_cores")}
+                        for r in runs
+                    ]
+            await bench.server_pool.close()  # type: ignore[union-attr]
             await bench.http.aclose()
             return result
     finally:
@@ -390,8 +472,9 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
             f"{path:<18}{row['records_per_s']:>12}{lat.get('p50_ms', '-'):>10}"
             f"{lat.get('p99_ms', '-'):>10}{row['received']:>10}"
         )
-    base = single["http"]["records_per_s"]
-    print(f"activity / http records/s: {single['activity']['records_per_s'] / base:.2f}")
+    if "http" in single and "activity" in single:
+        base = single["http"]["records_per_s"]
+        print(f"activity / http records/s: {single['activity']['records_per_s'] / base:.2f}")
     print(
         f"\n{args.streams} streams x {args.rate:g} records/s for {args.seconds:g} s, one SSE "
         "follower each"
@@ -408,6 +491,10 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
             f"{row['worker_cores']:>14}{row['worker_us_per_record']:>8}"
             f"{row['machine_busy_cores']:>9}{row['received']:>10}{row['streams_in_order_without_repeats']:>10}"
         )
+    hops = result["concurrent"].get("activity", {}).get("hops")
+    if hops:
+        print(f"\nwhere an activity's record's time goes ({args.streams} streams, bench/hops.py)")
+        print_hops(hops)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -419,6 +506,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--single-workflow-tokens", type=int, default=200)
     parser.add_argument("--single-http-seconds", type=float, default=5.0)
     parser.add_argument("--json", type=Path)
+    parser.add_argument(
+        "--hops",
+        action="store_true",
+        help="note timestamps in the worker and the server and print where a record's "
+        "time goes at the concurrent activity load (bench/hops.py)",
+    )
+    parser.add_argument(
+        "--only",
+        help="comma-separated parts to run: single-activity, single-workflow, single-http, "
+        "activity, answer, http (the concurrent loads); default all",
+    )
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs of each concurrent load (median shown)"
+    )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-activity-streams-"))
     with postgres_server() as server_dsn, isolated_database(server_dsn) as dsn:

@@ -13,6 +13,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.worker import Worker
 
+from bench import hops
 from bench.activity_streams_workflows import (
     MAKE_TOKENS,
     TASK_QUEUE,
@@ -74,4 +75,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
+    if hops.enabled():
+        hops.install_worker()
     asyncio.run(main())  # the default loop, as a worker usually runs

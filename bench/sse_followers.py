@@ -6,8 +6,9 @@ against the wall time its producer put in the payload (``"t"``).
 
 The config: ``{"host", "port", "token", "paths": [subscribe paths]}``. It connects every
 path (from cursor 0), prints ``ready``, and on a line on stdin prints one JSON line:
-per path the sequences received, the latencies in ms (receive wall time - ``t``) and the
-part of each up to the start of the transaction that appended it (``appended_at - t``).
+per path the sequences received, the latencies in ms (receive wall time - ``t``), the
+part of each up to the start of the transaction that appended it (``appended_at - t``)
+and the receive wall times.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Follower(asyncio.Protocol):
         self.chunk_left = 0
         self.sequences: list[int] = []
         self.latencies: list[float] = []
+        self.received: list[float] = []  # wall time each record arrived
         self.in_store: list[float] = []  # made -> its transaction began (appended_at)
         self.started = asyncio.get_running_loop().create_future()
 
@@ -60,6 +62,7 @@ class Follower(asyncio.Protocol):
                         self.sequences.append(record["sequence"])
                         made = record["payload"]["t"]
                         self.latencies.append((now - made) * 1000)
+                        self.received.append(now)
                         appended = datetime.fromisoformat(record["appended_at"]).timestamp()
                         self.in_store.append((appended - made) * 1000)
 
@@ -95,7 +98,12 @@ async def main(config: dict[str, Any]) -> None:
     print(
         json.dumps(
             [
-                {"sequences": f.sequences, "latencies": f.latencies, "in_store": f.in_store}
+                {
+                    "sequences": f.sequences,
+                    "latencies": f.latencies,
+                    "in_store": f.in_store,
+                    "received": f.received,
+                }
                 for f in followers
             ]
         ),

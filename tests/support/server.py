@@ -59,6 +59,8 @@ class ServerProcess:
     nofile: int | None = None
     # The working directory: ``python -m`` imports the package found there first.
     cwd: Path | None = None
+    # The module run as ``python -m <module> serve ...`` (a benchmark may wrap the CLI).
+    module: str = "ductor_streams.cli"
 
     @property
     def url(self) -> str:
@@ -68,7 +70,7 @@ class ServerProcess:
         args = [
             sys.executable,
             "-m",
-            "ductor_streams.cli",
+            self.module,
             "serve",
             "--host",
             "127.0.0.1",

@@ -1,0 +1,361 @@
+"""Where a streamed record's time goes, hop by hop: timestamps taken inside the worker
+and the server by wrapping a few of their functions (bench only: nothing in
+``ductor_streams`` knows about it), joined per record afterwards.
+
+``python -m bench.activity_streams --hops`` turns it on: the worker
+(``bench.activity_streams_worker``) and the server (``python -m bench.hops serve ...``,
+the ``ductor-streams`` command with the wrappers installed) then note, in wall time
+(one host clock), per append statement, per wake and per follower read and fan-out:
+
+worker (``install_worker``)
+    ``submit``: a batch reaches the appender (``Appender.submit``) - its records were
+    made (``t`` in the payload) and lingered in the writer before that;
+    ``sent`` / ``returned``: the append statement carrying it was sent / answered
+    (committed); ``inline``: it carried its own NOTIFY (delivered at its commit);
+    ``wakes``: each wake statement (``WakeSender``) with its start, end and payloads.
+server (``install_server``)
+    ``notify``: a wake reached the LISTEN connection (``NotificationHub._on_notify``);
+    ``read``: a follower read, its start, end and the sequences it returned;
+    ``fan_out``: a batch handed to the subscribers (the SSE write is synchronous in it).
+
+Each process writes its notes as JSON to ``$BENCH_HOPS_DIR/<role>-<pid>.json`` when it
+gets SIGUSR1 (or exits); ``hop_table`` joins them with the followers' receive times.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import signal
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+ENV = "BENCH_HOPS_DIR"
+
+_notes: dict[str, list[Any]] = defaultdict(list)
+_role = "unknown"
+
+
+def enabled() -> bool:
+    return bool(os.environ.get(ENV))
+
+
+def dump() -> None:
+    directory = os.environ.get(ENV)
+    if not directory:
+        return
+    path = Path(directory) / f"{_role}-{os.getpid()}.json"
+    path.write_text(json.dumps(_notes))
+
+
+def _on_dump_signal(*_: Any) -> None:
+    dump()
+
+
+def _install_dump(role: str) -> None:
+    global _role
+    _role = role
+    atexit.register(dump)
+    signal.signal(signal.SIGUSR1, _on_dump_signal)
+
+
+# -- the worker ---------------------------------------------------------------------------
+
+
+class _TimedPool:
+    """The wake sender's pool, noting each wake statement's start, end and payloads."""
+
+    def __init__(self, pool: Any) -> None:
+        self._pool = pool
+
+    async def fetchval(self, query: str, *args: Any) -> Any:
+        started = time.time()
+        try:
+            return await self._pool.fetchval(query, *args)
+        finally:
+            _notes["wakes"].append((started, time.time(), list(args[0])))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pool, name)
+
+
+def install_worker() -> None:
+    """Wrap the appender and the wake sender of this process."""
+    from ductor_streams.store import append as append_module
+    from ductor_streams.store.wakes import WakeSender
+
+    _install_dump("worker")
+    Appender = append_module.Appender
+    submitted: dict[int, float] = {}  # id(batch) -> submit time
+    sent: dict[int, float] = {}  # id(batch) -> statement sent
+    inline: dict[int, bool] = {}
+
+    original_init = Appender.__init__
+    original_submit = Appender.submit
+    original_send = Appender._send
+    original_settle = Appender._settle_group
+    original_wakes_init = WakeSender.__init__
+
+    def wakes_init(self: Any, pool: Any, **kwargs: Any) -> None:
+        original_wakes_init(self, pool, **kwargs)
+        self._pool = _TimedPool(self._pool)
+
+    def init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
+
+    async def submit(self: Any, stream_pk: int, batch: Any) -> Any:
+        submitted[id(batch)] = time.time()
+        return await original_submit(self, stream_pk, batch)
+
+    async def send(self: Any, name: str, head: Any, batches: list[Any], notify_inline: bool) -> Any:
+        now = time.time()
+        for batch in batches:
+            sent[id(batch)] = now
+            inline[id(batch)] = notify_inline
+        return await original_send(self, name, head, batches, notify_inline)
+
+    def settle(
+        self: Any,
+        stream_pk: int,
+        group: list[Any],
+        outcomes: list[Any],
+        notify_inline: bool,
+        appended_at: Any,
+    ) -> None:
+        now = time.time()
+        for (batch, _), (name, first, _last) in zip(group, outcomes, strict=True):
+            key = id(batch)
+            if name == "appended" and key in submitted:
+                _notes["batches"].append(
+                    {
+                        "pk": stream_pk,
+                        "first": first,
+                        "made": [_made(p) for p in batch.payloads],
+                        "submit": submitted.pop(key),
+                        "sent": sent.pop(key, now),
+                        "begun": appended_at.timestamp(),
+                        "returned": now,
+                        "inline": inline.pop(key, False),
+                    }
+                )
+            else:
+                submitted.pop(key, None)
+                sent.pop(key, None)
+                inline.pop(key, None)
+        original_settle(self, stream_pk, group, outcomes, notify_inline, appended_at)
+
+    Appender.__init__ = init  # type: ignore[method-assign]
+    Appender.submit = submit  # type: ignore[method-assign]
+    Appender._send = send  # type: ignore[method-assign]
+    Appender._settle_group = settle  # type: ignore[method-assign]
+    WakeSender.__init__ = wakes_init  # type: ignore[method-assign]
+
+
+def _made(payload: str) -> float | None:
+    try:
+        value = json.loads(payload).get("t")
+    except (ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, int | float) else None
+
+
+# -- the server -----------------------------------------------------------------------------
+
+
+def install_server() -> None:
+    """Wrap the hub, the followers' reads and their fan-outs in this process."""
+    from ductor_streams.live import follower as follower_module
+    from ductor_streams.live import hub as hub_module
+
+    _install_dump("server")
+    Hub = hub_module.NotificationHub
+    Follower = follower_module.StreamFollower
+    original_notify = Hub._on_notify
+    original_fan_out = Follower._fan_out
+
+    def on_notify(self: Any, conn: object, pid: int, channel: str, payload: str) -> None:
+        wake = hub_module.parse_wake(payload)
+        if wake is not None and payload[:1] in ("r", "R"):
+            _notes["notify"].append((wake[0], wake[1], time.time()))
+        original_notify(self, conn, pid, channel, payload)
+
+    async def fan_out(self: Any, batch: Any) -> None:
+        started = time.time()
+        await original_fan_out(self, batch)
+        if batch.records:
+            _notes["fan_out"].append(
+                (self.stream_pk, batch.records[0].sequence, batch.records[-1].sequence, started)
+            )
+
+    def wrap_read(follower: Any) -> None:
+        read = follower._read
+
+        async def timed(stream_pk: int, after: int, limit: int) -> Any:
+            started = time.time()
+            page = await read(stream_pk, after, limit)
+            last = page.records[-1].sequence if page.records else after
+            _notes["read"].append((stream_pk, after, last, started, time.time()))
+            return page
+
+        follower._read = timed
+
+    original_follower_init = Follower.__init__
+
+    def follower_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_follower_init(self, *args, **kwargs)
+        wrap_read(self)
+
+    Hub._on_notify = on_notify  # type: ignore[method-assign,assignment]
+    Follower._fan_out = fan_out  # type: ignore[method-assign]
+    Follower.__init__ = follower_init  # type: ignore[method-assign]
+
+
+# -- the join --------------------------------------------------------------------------------
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"n": 0}
+    ordered = sorted(values)
+
+    def pick(q: float) -> float:
+        return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
+
+    return {"n": len(ordered), "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
+
+
+def load(directory: Path) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
+    """The worker's and the server's notes (one process each)."""
+    worker: dict[str, list[Any]] = {}
+    server: dict[str, list[Any]] = {}
+    for path in directory.glob("*.json"):
+        notes = json.loads(path.read_text())
+        target = worker if path.name.startswith("worker-") else server
+        for key, values in notes.items():
+            target.setdefault(key, []).extend(values)
+    return worker, server
+
+
+HOPS = (
+    ("made -> appender (writer linger)", "made", "submit"),
+    ("appender -> statement sent (group-commit queue)", "submit", "sent"),
+    ("sent -> transaction begun", "sent", "begun"),
+    ("begun -> committed, answer back", "begun", "returned"),
+    ("answer -> wake sent (NOTIFY statement start)", "returned", "wake_start"),
+    ("wake sent -> LISTEN hub in serve", "wake_start", "hub"),
+    ("hub -> fan-out, records from the wake (no read)", "hub_fed", "fan_out"),
+    ("hub -> follower read begins", "hub", "read_start"),
+    ("follower read", "read_start", "read_end"),
+    ("read -> fan-out (SSE write)", "read_end", "fan_out"),
+    ("SSE write -> client has it", "fan_out", "received"),
+    ("total: made -> client", "made", "received"),
+)
+
+
+def hop_table(
+    directory: Path, received: dict[int, dict[int, float]], streams: set[int]
+) -> dict[str, Any]:
+    """Each hop's p50/p99 over the records of ``streams`` (stream_pk -> sequence ->
+    the follower's receive wall time in ``received``)."""
+    worker, server = load(directory)
+    per: dict[tuple[int, int], dict[str, float]] = {}
+    for batch in worker.get("batches", []):
+        if batch["pk"] not in streams:
+            continue
+        for offset, made in enumerate(batch["made"]):
+            times = {k: batch[k] for k in ("submit", "sent", "begun", "returned")}
+            if made is not None:
+                times["made"] = made
+            if batch["inline"]:
+                # The statement's own NOTIFY went at its commit.
+                times["wake_start"] = batch["returned"]
+            per[(batch["pk"], batch["first"] + offset)] = times
+    # Wake statements: the first that carried r<pk>:<latest >= seq> after the commit.
+    wakes_by_pk: dict[int, list[tuple[float, float, int]]] = defaultdict(list)
+    for start, end, payloads in worker.get("wakes", []):
+        for payload in payloads:
+            if payload[:1] in ("r", "R"):
+                pk_text, _, rest = payload[1:].partition(":")
+                latest = rest.partition(":")[0]
+                if latest:
+                    wakes_by_pk[int(pk_text)].append((start, end, int(latest)))
+    notify_by_pk: dict[int, list[tuple[float, int]]] = defaultdict(list)
+    for pk, latest, at in server.get("notify", []):
+        if latest is not None:
+            notify_by_pk[pk].append((at, latest))
+    reads_by_pk: dict[int, list[tuple[float, float, int, int]]] = defaultdict(list)
+    for pk, after, last, start, end in server.get("read", []):
+        reads_by_pk[pk].append((start, end, after, last))
+    fan_by_pk: dict[int, list[tuple[float, int, int]]] = defaultdict(list)
+    for pk, first, last, at in server.get("fan_out", []):
+        fan_by_pk[pk].append((at, first, last))
+    for lists in (wakes_by_pk, notify_by_pk, reads_by_pk, fan_by_pk):
+        for values in lists.values():
+            values.sort()
+    for (pk, seq), times in per.items():
+        returned = times["returned"]
+        if "wake_start" not in times:
+            for start, _end, latest in wakes_by_pk.get(pk, ()):
+                if latest >= seq and start >= returned - 0.0005:
+                    times["wake_start"] = start
+                    break
+        for at, latest in notify_by_pk.get(pk, ()):
+            if latest >= seq and at >= times["begun"] - 0.001:
+                times["hub"] = at
+                break
+        for start, end, after, last in reads_by_pk.get(pk, ()):
+            if after < seq <= last:
+                times["read_start"], times["read_end"] = start, end
+                break
+        for at, first, last in fan_by_pk.get(pk, ()):
+            if first <= seq <= last:
+                times["fan_out"] = at
+                break
+        if "hub" in times and "read_end" not in times:
+            times["hub_fed"] = times["hub"]
+        got = received.get(pk, {}).get(seq)
+        if got is not None:
+            times["received"] = got
+    table: dict[str, Any] = {}
+    for label, start, end in HOPS:
+        table[label] = _percentiles(
+            [(t[end] - t[start]) * 1000 for t in per.values() if start in t and end in t]
+        )
+    fed = sum(1 for t in per.values() if "fan_out" in t and "read_end" not in t)
+    table["records"] = len(per)
+    table["records_read_by_serve"] = sum(1 for t in per.values() if "read_end" in t)
+    table["records_fed_without_read"] = fed
+    table["records_with_inline_notify"] = sum(
+        1 for t in per.values() if t.get("wake_start") == t["returned"]
+    )
+    return table
+
+
+def print_hops(table: dict[str, Any]) -> None:
+    print(f"{'hop':<52}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}")
+    for label, _, _ in HOPS:
+        row = table[label]
+        print(f"{label:<52}{row.get('p50_ms', '-'):>10}{row.get('p99_ms', '-'):>10}{row['n']:>8}")
+    for key in (
+        "records",
+        "records_read_by_serve",
+        "records_fed_without_read",
+        "records_with_inline_notify",
+    ):
+        print(f"{key}: {table[key]}")
+
+
+def serve_main() -> None:
+    """``python -m bench.hops serve ...``: ``ductor-streams`` with the server's wrappers."""
+    install_server()
+    from ductor_streams.cli import main
+
+    sys.exit(main(sys.argv[1:]))
+
+
+if __name__ == "__main__":
+    serve_main()
