@@ -116,7 +116,15 @@ class StreamFollower:
         """Take the stream's wakes from now on (before the start point is read, so that
         none between that read and ``start`` is lost)."""
         if self._unwatch is None:
-            self._unwatch = self._hub.subscribe(self.stream_pk, self._on_wake)
+            unwatch = self._hub.subscribe(self.stream_pk, self._on_wake)
+            # Records a wake carries (another process's commit) are fed as our own are.
+            unfeed = self._hub.subscribe_records(self.stream_pk, self.feed)
+
+            def undo() -> None:
+                unwatch()
+                unfeed()
+
+            self._unwatch = undo
 
     def start(self, after: int) -> None:
         """Follow from ``after``: a latest sequence read after ``watch``."""
@@ -155,7 +163,8 @@ class StreamFollower:
                 await self._task
 
     def feed(self, records: list[Record]) -> None:
-        """Take consecutive records whose commit has ALREADY returned in this process."""
+        """Take consecutive records whose commit has ALREADY happened: returned in this
+        process, or announced by a wake that carries them (live/record_wakes.py)."""
         if not self._stopped:
             self._fed.append(records)
             self._wake.set()

@@ -1,11 +1,13 @@
 """The per-process notification hub: ONE dedicated LISTEN connection for all streams.
 
-Notifications are wake signals only (``r<pk>:<seq>`` records, ``a<pk>`` acks,
+Notifications are wake signals (``r<pk>:<seq>`` records, ``a<pk>`` acks,
 ``c<pk>`` close); Postgres delivers them at commit, never before. Whoever is woken
 re-reads durable state, unless it already has what the wake announces: a record wake
 carries the stream's latest sequence at that commit (migration 0012), which a live
 follower that was fed its own process's appends has often delivered already. A plain
 ``r<pk>`` (older processes, an operator's retry) announces nothing more than "read".
+A wake of kind ``R`` also carries the records it announces (live/record_wakes.py):
+they are handed to the stream's record watchers (its follower) before its wake.
 When the LISTEN connection drops, the hub reconnects and wakes every watcher, because
 notifications sent while it was away are lost.
 """
@@ -16,10 +18,16 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING
 
 import asyncpg
 
 from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
+from ductor_streams.live.record_wakes import KIND as RECORDS_KIND
+from ductor_streams.live.record_wakes import parse_record_wake
+
+if TYPE_CHECKING:  # store/ imports this module
+    from ductor_streams.store.models import Record
 
 CHANNEL = "workflow_streams"
 log = logging.getLogger(__name__)
@@ -32,6 +40,8 @@ WakeCallback = Callable[[int], None]
 StreamWakeCallback = Callable[[int, int | None], None]
 """``callback(stream_pk, latest)``: ``latest`` is the sequence a record wake says is
 committed, or None when the wake says only that something changed."""
+RecordsCallback = Callable[[list["Record"]], None]
+"""``callback(records)``: consecutive records of the stream, committed."""
 
 
 class NotificationHub:
@@ -50,6 +60,7 @@ class NotificationHub:
         self._conn: asyncpg.Connection | None = None
         self._watchers: dict[int, set[StreamWakeCallback]] = {}
         self._any_watchers: set[WakeCallback] = set()
+        self._record_watchers: dict[int, set[RecordsCallback]] = {}
         self._reconnect_task: asyncio.Task[None] | None = None
         self._closed = False
         self.reconnects = 0
@@ -102,6 +113,20 @@ class NotificationHub:
 
         return unsubscribe
 
+    def subscribe_records(self, stream_pk: int, callback: RecordsCallback) -> Callable[[], None]:
+        """Call ``callback(records)`` with the records a wake of the stream carries,
+        before the wake's own callbacks; returns the undo."""
+        self._record_watchers.setdefault(stream_pk, set()).add(callback)
+
+        def unsubscribe() -> None:
+            callbacks = self._record_watchers.get(stream_pk)
+            if callbacks is not None:
+                callbacks.discard(callback)
+                if not callbacks:
+                    del self._record_watchers[stream_pk]
+
+        return unsubscribe
+
     def subscribe_any(self, callback: WakeCallback) -> Callable[[], None]:
         """Call ``callback(stream_pk)`` on every wake of every stream, and
         ``callback(0)`` after a reconnect (anything may have happened); returns the undo.
@@ -144,8 +169,17 @@ class NotificationHub:
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         wake = parse_wake(payload)
-        if wake is not None:
-            self._wake(*wake)
+        if wake is None:
+            return
+        if payload.startswith(RECORDS_KIND) and wake[0] in self._record_watchers:
+            parsed = parse_record_wake(payload)
+            if parsed is not None:
+                for callback in list(self._record_watchers.get(wake[0], ())):
+                    try:
+                        callback(parsed[2])
+                    except Exception:
+                        log.exception("records callback failed", extra={"stream_pk": wake[0]})
+        self._wake(*wake)
 
     def _on_terminated(self, conn: object) -> None:
         if conn is not self._conn:
@@ -189,14 +223,17 @@ class NotificationHub:
 def parse_wake(payload: str) -> tuple[int, int | None] | None:
     """``(stream_pk, latest)`` of a wake payload, or None for one that is no wake.
 
-    ``latest`` only for a record wake that carries it (``r<pk>:<seq>``); ``a<pk>``,
-    ``c<pk>`` and a plain ``r<pk>`` give None.
+    ``latest`` only for a record wake that carries it (``r<pk>:<seq>``, and
+    ``R<pk>:<seq>:...`` with its records); ``a<pk>``, ``c<pk>`` and a plain ``r<pk>``
+    give None.
     """
     kind = payload[:1]
     pk_text, _, latest_text = payload[1:].partition(":")
+    if kind == RECORDS_KIND:
+        latest_text = latest_text.partition(":")[0]
     try:
         stream_pk = int(pk_text)
-        latest = int(latest_text) if kind == "r" and latest_text else None
+        latest = int(latest_text) if kind in ("r", RECORDS_KIND) and latest_text else None
     except ValueError:
         return None
     return stream_pk, latest

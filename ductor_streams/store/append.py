@@ -17,8 +17,10 @@ to ``max_statements``: large batches are work, not commits, and run in parallel.
 
 While other statements of this process are in flight, a statement carries no NOTIFY:
 once it has committed, its streams' wakes are announced through ``WakeSender``
-(store/wakes.py), coalesced. A statement alone in flight notifies inside its own
-transaction, at commit (one round trip, no wake statement).
+(store/wakes.py), coalesced, each carrying its records when they are few and small
+(live/record_wakes.py: followers elsewhere then fan them out without a read). A
+statement alone in flight notifies inside its own transaction, at commit (one round
+trip, no wake statement).
 
 Statements run on one connection kept while they follow each other (store/held.py),
 not a pool acquire and release each. A statement is sent from the turn of the event
@@ -54,6 +56,7 @@ from ductor_streams.errors import (
     StreamClosed,
     StreamsError,
 )
+from ductor_streams.live.record_wakes import record_wake
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import database_unavailable, translate_db_error
 from ductor_streams.store.eager import start_now
@@ -312,6 +315,9 @@ class Appender:
         notify_inline: bool,
         appended_at: datetime,
     ) -> None:
+        feed = self.feed
+        followed = feed is not None and feed.follows(stream_pk)
+        records: list[Record] | None = None
         if not notify_inline:
             appended = [
                 last for name, _, last in outcomes if name == "appended" and last is not None
@@ -321,10 +327,12 @@ class Appender:
                 # The statement returned, so its transaction has committed. When other
                 # statements are in flight or queued, this wake may share their wake's.
                 # It carries the stream's latest sequence, as the function's own does
-                # (migration 0012): the last sequence this group appended.
-                self.wakes.announce(
-                    f"r{stream_pk}:{latest}", more_coming=self._in_flight > 1 or bool(self._ready)
-                )
+                # (migration 0012): the last sequence this group appended; and, when
+                # they are few and small, the records themselves, which spares the
+                # followers in other processes a read (live/record_wakes.py).
+                records = committed_records(group, outcomes, appended_at)
+                wake = record_wake(stream_pk, records) or f"r{stream_pk}:{latest}"
+                self.wakes.announce(wake, more_coming=self._in_flight > 1 or bool(self._ready))
         # Fed before the answers are set: the follower and the requests' tasks each wake
         # one turn of the event loop later, in that order, so the fan-out goes first.
         # Each subscriber's write is ~11 us and an answer's path ~10 times that, so the
@@ -333,9 +341,9 @@ class Appender:
         # waits for at most that many writes.
         # Measured at 100 subscribers (docs/live.md): SSE p50 1.70-1.79 ms, the append's
         # own answer p50 2.23-2.37; with the answers first, 1.97-2.29 and 1.26-1.45.
-        feed = self.feed
-        if feed is not None and feed.follows(stream_pk):
-            records = committed_records(group, outcomes, appended_at)
+        if feed is not None and followed:
+            if records is None:
+                records = committed_records(group, outcomes, appended_at)
             if records:
                 feed.committed(stream_pk, records)
         for (_, future), outcome in zip(group, outcomes, strict=True):

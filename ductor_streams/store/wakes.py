@@ -20,6 +20,7 @@ import logging
 
 import asyncpg
 
+from ductor_streams.live.record_wakes import KIND as RECORDS_KIND
 from ductor_streams.schema import QUERIES
 
 log = logging.getLogger(__name__)
@@ -33,7 +34,9 @@ class WakeSender:
 
     A payload is ``<kind><stream_pk>``, optionally followed by ``:<detail>``
     (``r<stream_pk>:<latest sequence>``); of several queued for the same kind and stream,
-    only the last is sent (announced in commit order, it says the most).
+    only the last is sent (announced in commit order, it says the most). Wakes that
+    carry records (``R<stream_pk>:<last sequence>:...``, live/record_wakes.py) are each
+    sent, in the order announced: each carries records the others do not.
     """
 
     def __init__(
@@ -58,7 +61,7 @@ class WakeSender:
         ``more_coming``: other commits of this process are in flight, so this wake may
         wait (at most ``min_interval`` after the previous statement) to share theirs.
         """
-        self._pending[payload.partition(":")[0]] = payload
+        self._pending[_coalesced_by(payload)] = payload
         if not more_coming:
             self._urgent = True
         if self._task is None or self._task.done():
@@ -93,6 +96,15 @@ class WakeSender:
                     return  # shutting down: followers elsewhere re-read on their own
                 log.warning("wake send failed, retrying: %s", type(exc).__name__)
                 for payload in payloads:  # unless a newer one was queued meanwhile
-                    self._pending.setdefault(payload.partition(":")[0], payload)
+                    self._pending.setdefault(_coalesced_by(payload), payload)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+def _coalesced_by(payload: str) -> str:
+    """The key under which a queued wake replaces an earlier one: its kind and stream;
+    for a wake carrying records, also its last sequence (it replaces none)."""
+    head, _, rest = payload.partition(":")
+    if head.startswith(RECORDS_KIND):
+        return f"{head}:{rest.partition(':')[0]}"
+    return head
