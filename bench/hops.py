@@ -66,21 +66,29 @@ def _install_dump(role: str) -> None:
 # -- the worker ---------------------------------------------------------------------------
 
 
-class _TimedPool:
-    """The wake sender's pool, noting each wake statement's start, end and payloads."""
+class _Timed:
+    """The wake sender's connection (or pool), noting each wake statement's start, end
+    and payloads."""
 
-    def __init__(self, pool: Any) -> None:
-        self._pool = pool
+    def __init__(self, inner: Any) -> None:
+        self._inner = inner
+
+    async def fetch(self, query: str, *args: Any) -> Any:
+        started = time.time()
+        try:
+            return await self._inner.fetch(query, *args)
+        finally:
+            _notes["wakes"].append((started, time.time(), list(args[0])))
 
     async def fetchval(self, query: str, *args: Any) -> Any:
         started = time.time()
         try:
-            return await self._pool.fetchval(query, *args)
+            return await self._inner.fetchval(query, *args)
         finally:
             _notes["wakes"].append((started, time.time(), list(args[0])))
 
     def __getattr__(self, name: str) -> Any:
-        return getattr(self._pool, name)
+        return getattr(self._inner, name)
 
 
 def install_worker() -> None:
@@ -102,7 +110,10 @@ def install_worker() -> None:
 
     def wakes_init(self: Any, pool: Any, **kwargs: Any) -> None:
         original_wakes_init(self, pool, **kwargs)
-        self._pool = _TimedPool(self._pool)
+        if hasattr(self, "_connection"):
+            self._connection = _Timed(self._connection)
+        else:  # older: the wakes go through the pool
+            self._pool = _Timed(self._pool)
 
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)

@@ -6,7 +6,7 @@ lock through that commit's WAL flush, which serialises commits across ALL stream
 ~4,100-4,200/s with this scheme and ~4,400-4,700/s with no NOTIFY at all; docs/credit.md).
 So the append transaction carries no NOTIFY; once it has committed, the appender calls
 ``announce``. While one announcing statement is in flight, further wakes (any stream)
-gather and go together in the next one.
+gather and go together in the next one, on the same connection (store/held.py).
 
 Guarantees: a wake is sent only after the commit it announces returned (never before);
 a failed send is retried, and a wake lost anyway (the process dies between commit and
@@ -22,6 +22,7 @@ import asyncpg
 
 from ductor_streams.live.record_wakes import KIND as RECORDS_KIND
 from ductor_streams.schema import QUERIES
+from ductor_streams.store.held import HeldConnection
 
 log = logging.getLogger(__name__)
 # A wake waits at most this long for others to share its statement (only when the
@@ -47,6 +48,9 @@ class WakeSender:
         min_interval: float = MIN_INTERVAL_SECONDS,
     ) -> None:
         self._pool = pool
+        # Kept across back-to-back wake statements: through the pool, each would also
+        # cost the release's reset, a second round trip before the next could start.
+        self._connection = HeldConnection(pool)
         self._pending: dict[str, str] = {}  # kind and stream -> payload, insertion-ordered
         self._task: asyncio.Task[None] | None = None
         self._retry_delay = retry_delay
@@ -88,7 +92,7 @@ class WakeSender:
             payloads = list(self._pending.values())
             self._pending.clear()
             try:
-                await self._pool.fetchval(QUERIES["wake_send"], payloads)
+                await self._connection.fetch(QUERIES["wake_send"], payloads)
                 self.statements += 1
                 delay = self._retry_delay
             except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:

@@ -22,6 +22,20 @@ class FakePool:
     def is_closing(self) -> bool:
         return False
 
+    # The wake sender keeps a connection across statements (store/held.py): this fake
+    # is its own connection.
+    async def acquire(self) -> FakePool:
+        return self
+
+    async def release(self, _conn: object) -> None:
+        pass
+
+    def is_closed(self) -> bool:
+        return False
+
+    async def fetch(self, query: str, payloads: list[str]) -> list[int]:
+        return [await self.fetchval(query, payloads)]
+
 
 async def test_wakes_with_commits_behind_them_share_one_statement() -> None:
     fake = FakePool()

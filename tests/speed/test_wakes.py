@@ -14,6 +14,7 @@ from typing import Any
 import asyncpg
 import pytest
 
+from ductor_streams.live.hub import parse_wake
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store
 from ductor_streams.store.append import PARALLEL_RECORDS, Appender
@@ -24,7 +25,8 @@ from tests.support.credit import append, make_stream
 
 class Listener:
     """A LISTEN connection that keeps every payload, in arrival order, and on each
-    ``r<pk>:<seq>`` wake reads (through the pool) what is committed at that moment."""
+    record wake (``r<pk>:<seq>``, ``R<pk>:<seq>:...``) reads (through the pool) what is
+    committed at that moment."""
 
     def __init__(self, pool: asyncpg.Pool) -> None:
         self.pool = pool
@@ -36,10 +38,11 @@ class Listener:
 
     def on_notify(self, _c: object, _pid: int, _channel: str, payload: str) -> None:
         self.payloads.append(payload)
-        if payload.startswith("r"):
-            stream_pk, _, latest = payload[1:].partition(":")
-            self.announced.append((int(stream_pk), int(latest)))
-            self._reads.append(asyncio.ensure_future(self._read(int(stream_pk))))
+        wake = parse_wake(payload)  # r<pk>:<seq>, or R<pk>:<seq>:... with the records
+        if payload[:1] in ("r", "R") and wake is not None and wake[1] is not None:
+            stream_pk, latest = wake
+            self.announced.append((stream_pk, latest))
+            self._reads.append(asyncio.ensure_future(self._read(stream_pk)))
         self.arrived.set()
 
     async def _read(self, stream_pk: int) -> None:
@@ -158,6 +161,20 @@ class FakePool:
 
     def is_closing(self) -> bool:
         return False
+
+    # The wake sender keeps a connection across statements (store/held.py): this fake
+    # is its own connection.
+    async def acquire(self) -> FakePool:
+        return self
+
+    async def release(self, _conn: object) -> None:
+        pass
+
+    def is_closed(self) -> bool:
+        return False
+
+    async def fetch(self, query: str, payloads: list[str]) -> list[int]:
+        return [await self.fetchval(query, payloads)]
 
 
 async def test_wakes_queued_together_go_in_one_statement() -> None:
