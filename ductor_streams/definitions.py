@@ -141,7 +141,7 @@ def parse_definition(
             f"content class {content_class!r} (raw hidden model reasoning) may not be streamed"
         )
     try:
-        parsed = StreamDefinition.model_validate(body)
+        parsed = StreamDefinition.model_validate(_whole_numbers(body))
     except ValidationError as exc:
         first = exc.errors()[0]
         where = "/".join(str(p) for p in first["loc"]) or "body"
@@ -197,6 +197,23 @@ def media_type_essence(media_type: str) -> str:
 def is_json_media_type(media_type: str) -> bool:
     """Whether a stream of this media type holds JSON values (DS JSON mode)."""
     return media_type_essence(media_type) == JSON_MEDIA_TYPE
+
+
+def _whole_numbers(body: dict[str, Any]) -> dict[str, Any]:
+    """The body with each integral float of a numeric member (``5.0``) as its int.
+
+    JSON Schema, which the OpenAPI document speaks, calls ``5.0`` an integer; the
+    definition is then stored with ``5``. A float with a fraction stays a float and is
+    refused by validation."""
+    out = body
+    for section, name, _ in _BOUNDS:
+        part = body.get(section)
+        value = part.get(name) if isinstance(part, dict) else None
+        if isinstance(value, float) and value.is_integer():
+            if out is body:
+                out = dict(body)
+            out[section] = {**out[section], name: int(value)}
+    return out
 
 
 def _holds_nul(value: Any) -> bool:

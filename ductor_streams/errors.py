@@ -64,6 +64,11 @@ class MethodNotAllowed(StreamsError):
     code = "method_not_allowed"
     status = 405
 
+    def __init__(self, detail: str | None = None, *, allow: str = "") -> None:
+        super().__init__(detail)
+        # The path's methods, for the ``Allow`` header a 405 must carry (RFC 9110 15.5.6).
+        self.allow = allow
+
 
 class InvalidDefinition(StreamsError):
     """The stream definition is invalid."""

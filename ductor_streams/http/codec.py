@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+import typing
 from typing import Any
 
 import msgspec
@@ -20,16 +22,64 @@ async def json_body(request: Request[Any, Any, Any], model: type[Any] = Any) -> 
 
 
 def decode_json(raw: bytes, model: type[Any] = Any) -> Any:  # type: ignore[assignment]
-    """``raw`` as JSON (optionally into a msgspec Struct), or InvalidBody."""
+    """``raw`` as JSON (optionally into a msgspec Struct), or InvalidBody.
+
+    An integer member also takes an integral number written with a fraction or an
+    exponent (``15557.0``, ``1.5557e4``): JSON Schema, which the OpenAPI document speaks,
+    calls those integers too (docs/api.md, "Numbers")."""
     try:
         return msgspec.json.decode(raw, type=model)
     except msgspec.ValidationError as exc:
+        whole = _with_whole_numbers(raw, model)
+        if whole is not None:
+            return whole
         raise InvalidBody(f"the body does not fit: {exc}") from None
     except msgspec.DecodeError as exc:
         raise InvalidBody(f"the body is not JSON: {exc}") from None
     except RecursionError:
         # msgspec decodes untyped JSON recursively: absurd nesting is bad input, not a 500.
         raise InvalidBody("the body is nested too deeply") from None
+
+
+@functools.cache
+def _integer_fields(model: Any) -> frozenset[str]:
+    """The names of a Struct's members typed ``int`` (or ``int | None``)."""
+    if not (isinstance(model, type) and issubclass(model, msgspec.Struct)):
+        return frozenset()
+    names = set()
+    for member in msgspec.structs.fields(model):
+        kinds = typing.get_args(member.type) or (member.type,)
+        if int in kinds:
+            names.add(member.encode_name)
+    return frozenset(names)
+
+
+def whole_number(value: Any) -> Any:
+    """An integral float (``5.0``) as the int it spells; any other value unchanged."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
+
+
+def _with_whole_numbers(raw: bytes, model: Any) -> Any:
+    """``raw`` decoded into ``model`` after its integer members' integral floats became
+    ints; ``None`` when that changes nothing (the first error stands)."""
+    fields = _integer_fields(model)
+    if not fields:
+        return None
+    try:
+        data = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    changed = {k: whole_number(data[k]) for k in fields if isinstance(data.get(k), float)}
+    if not changed or any(isinstance(v, float) for v in changed.values()):
+        return None
+    try:
+        return msgspec.convert({**data, **changed}, type=model, strict=True)
+    except msgspec.ValidationError:
+        return None
 
 
 def encode_json(content: Any) -> bytes:

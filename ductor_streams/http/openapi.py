@@ -4,9 +4,10 @@ Handlers read raw bodies (msgspec, for speed) and answer ``Response[bytes]``, so
 litestar alone documents neither request bodies nor answers. Rather than change the
 handlers, ``ContractJsonRenderPlugin`` completes the generated document once, when it
 is first served: request bodies (from the same msgspec/pydantic types the handlers
-decode with), query and header parameters, path ID patterns, success answers and the
-``application/problem+json`` answers every API operation may give. An operation not
-described in ``OPERATIONS`` still gets the problem answers and an any-JSON success.
+decode with), query and header parameters, path ID patterns, success answers, the
+``application/problem+json`` answers each operation can give (status by status, with
+their codes), and the links from one operation's answer to the next. Every API route
+must be described in ``OPERATIONS`` (the document refuses to render otherwise).
 """
 
 from __future__ import annotations
@@ -25,38 +26,60 @@ from ductor_streams.definitions import (
     CONTENT_CLASSES,
     RUN_ID_PATTERN,
     STREAM_ID_PATTERN,
+    WORKFLOW_CONSUMER,
     StreamDefinition,
 )
 from ductor_streams.errors import NotFound
 from ductor_streams.http.params import MAX_LIMIT
 from ductor_streams.http.routes_consumers import AckBody
 from ductor_streams.http.routes_objects import PrepareBody
+from ductor_streams.http.routes_ops import RetryBody
 from ductor_streams.http.routes_records import AppendBody
 from ductor_streams.http.routes_streams import LegalHoldBody
 from ductor_streams.names import API_MOUNT
+from ductor_streams.objects.models import MAX_OBJECT_BYTES, MEDIA_TYPE_PATTERN
 from ductor_streams.ops.filters import MAX_AGE_SECONDS
 from ductor_streams.store.encoding import MAX_BATCH_RECORDS
 
 MOUNT = API_MOUNT
 REF = "#/components/schemas/{name}"
 PROBLEM_JSON = "application/problem+json"
-ERROR_STATUSES = {
-    "400": "Bad input: `invalid_body`, `invalid_cursor`, `invalid_limit`, `cursor_in_future`, ...",
+
+# Every status an operation can answer with, and what each means. Each operation lists
+# its own (``OperationDoc.errors``: status -> the codes it can answer there); these are
+# the texts. Answers the server gives before routing (the connection guard's 431 and
+# 503, http/connection_guard.py) can come on every route, health included.
+_STATUS_TEXT = {
+    "400": "Bad input",
     "401": "`unauthenticated`: no, malformed, expired or wrongly signed bearer token",
-    "403": "`forbidden` (scope or authorization pins) or `egress_denied`",
+    "403": "Not allowed",
     "404": "`not_found` (never reveals another run's or tenant's streams)",
-    "409": "`definition_conflict`, `stream_closed`, `quota_exhausted`, `ack_regression`, ...",
-    "410": "`cursor_expired` (with requested/earliest/latest sequences) or `object_expired`",
-    "413": "`record_too_large`, `too_many_json_values`, `object_too_large` or `request_too_large`",
-    "422": "`invalid_definition`, `content_class_forbidden`, `placement_mismatch`, ...",
+    "409": "Conflicts with the resource's state",
+    "410": "Gone",
+    "413": "Too large",
+    "422": "Well-formed but refused",
     "429": "`credit_exhausted`; retry after `Retry-After` seconds",
-    "431": "`request_header_too_large`: the headers exceed 32 KiB in all",
-    "503": "`database_unavailable` (Postgres restarting, failing over or unreachable); "
-    "retry after `Retry-After` seconds",
+    "431": "`request_header_too_large`: the request's headers are too large",
+    "503": "`database_unavailable` (Postgres restarting, failing over or unreachable) or "
+    "`too_many_connections` (the connection cap); retry after `Retry-After` seconds",
 }
+# What every API operation can answer: authentication, scope, the header cap and an
+# unavailable database. Each operation adds its own (``_errors``).
+_EVERY_API_OPERATION = {
+    "401": ["unauthenticated"],
+    "403": ["forbidden"],
+    "431": ["request_header_too_large"],
+    "503": ["database_unavailable", "too_many_connections"],
+}
+_IN_RUN = {"404": ["not_found"], "400": ["invalid_request"]}
+_BODY = {"400": ["invalid_body"], "413": ["request_too_large"]}
+_READ = {"403": ["forbidden", "egress_denied"]}
 
 _INT = {"type": "integer", "minimum": 0}
 _STR = {"type": "string"}
+_TIME = {"type": "string", "format": "date-time"}
+_TIME_OR_NULL = {"type": ["string", "null"], "format": "date-time"}
+_STR_OR_NULL = {"type": ["string", "null"]}
 
 
 def _obj(required: dict[str, Any], optional: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -89,13 +112,13 @@ RECORD = _obj(
         "sequence": _INT,
         "payload": {},
         "size": _INT,
-        "appended_at": {"type": "string", "format": "date-time"},
+        "appended_at": _TIME,
         "object": {"type": ["object", "null"]},
     }
 )
 STREAM_VIEW = _obj(
     {
-        "definition": _obj({"stream_id": _STR, "direction": {"enum": ["input", "output"]}}),
+        "definition": {"$ref": REF.format(name="StreamDefinition")},
         "state": {"$ref": REF.format(name="StreamState")},
     }
 )
@@ -105,49 +128,252 @@ OBJECT_STATE = _obj(
         "state": {"enum": ["prepared", "uploaded", "committed", "aborted", "expired"]},
     }
 )
+DELIVERY = _obj(
+    {
+        "delivery_id": _INT,
+        "run_id": _STR,
+        "stream_id": _STR,
+        "sequence": _INT,
+        "state": {"enum": ["pending", "retrying", "delivered", "dead"]},
+        "attempts": _INT,
+        "last_error": _STR_OR_NULL,
+        "next_attempt_at": _TIME_OR_NULL,
+        "delivered_at": _TIME_OR_NULL,
+        "created_at": _TIME,
+        "retried_by": _STR_OR_NULL,
+        "retried_at": _TIME_OR_NULL,
+        "lease_owner": _STR_OR_NULL,
+        "lease_expires_at": _TIME_OR_NULL,
+    }
+)
+DELIVERY_DETAIL = {
+    **DELIVERY,
+    "properties": {
+        **DELIVERY["properties"],
+        "record": _obj(
+            {
+                "size": {"type": ["integer", "null"], "minimum": 0},
+                "appended_at": _TIME_OR_NULL,
+                "payload_visible": {"type": "boolean"},
+                "payload_hidden_reason": _STR_OR_NULL,
+            },
+            {"payload": {}},
+        ),
+    },
+    "required": [*DELIVERY["required"], "record"],
+}
+GAP = _obj(
+    {
+        "gap_id": _INT,
+        "run_id": _STR,
+        "stream_id": _STR,
+        "expected_sequence": _INT,
+        "received_sequence": _INT,
+        "repaired_records": _INT,
+        "detected_by": _STR,
+        "detected_at": _TIME,
+    }
+)
+SUMMARY = _obj(
+    {
+        "counts": _obj({state: _INT for state in ("pending", "retrying", "delivered", "dead")}),
+        "oldest_pending_age_seconds": {"type": ["number", "null"], "minimum": 0},
+        "streams": {
+            "type": "array",
+            "items": _obj(
+                {
+                    "run_id": _STR,
+                    "stream_id": _STR,
+                    "latest_sequence": _INT,
+                    "owed": _INT,
+                    "pending": _INT,
+                    "retrying": _INT,
+                    "dead": _INT,
+                    "first_undelivered_sequence": _INT,
+                    "lag_seconds": {"type": "number", "minimum": 0},
+                    "last_delivered_at": _TIME_OR_NULL,
+                }
+            ),
+        },
+    }
+)
+_NEXT_PAGE = {"type": ["string", "null"]}
+SSE_DESCRIPTION = (
+    "Server-Sent Events. `record` events carry one record each (`data`: a StreamRecord,"
+    " `id`: its sequence); `: keepalive` comments come while nothing happens; the response"
+    " ends after `end` (`data`: SseEnd, the stream is closed and everything was sent),"
+    " `error` (`data`: a Problem, `cursor_expired` when retention overtook the"
+    " subscriber) or `reconnect` (`data`: SseReconnect; the server shuts down or the token"
+    " expired: reconnect with `Last-Event-ID`)."
+)
 
 
 @dataclass(frozen=True)
 class OperationDoc:
-    """What the contract says of one operation, beyond what litestar sees."""
+    """What the document says of one operation, beyond what litestar sees."""
 
+    operation_id: str
     body: dict[str, Any] | None = None
     body_media_type: str = "application/json"
+    body_required: bool = True
     answers: dict[str, dict[str, Any]] = field(default_factory=dict)  # status -> schema
     answer_media_type: str = "application/json"
+    answer_description: str = "OK"
     query: dict[str, dict[str, Any]] = field(default_factory=dict)
     headers: dict[str, dict[str, Any]] = field(default_factory=dict)
+    errors: dict[str, list[str]] = field(default_factory=dict)  # status -> problem codes
+    links: dict[str, dict[str, Any]] = field(default_factory=dict)  # name -> link
+    success_headers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 def _ref(name: str) -> dict[str, Any]:
     return {"$ref": REF.format(name=name)}
 
 
+def _errors(*parts: dict[str, list[str]]) -> dict[str, list[str]]:
+    """Merge status -> codes maps (codes of one status in order, once each)."""
+    merged: dict[str, list[str]] = {}
+    for part in (_EVERY_API_OPERATION, *parts):
+        for status, codes in part.items():
+            merged.setdefault(status, [])
+            merged[status] += [c for c in codes if c not in merged[status]]
+    return merged
+
+
+def _link(operation_id: str, description: str, **parameters: Any) -> dict[str, Any]:
+    body = parameters.pop("request_body", None)
+    link: dict[str, Any] = {
+        "operationId": operation_id,
+        "parameters": parameters,
+        "description": description,
+    }
+    if body is not None:
+        link["requestBody"] = body
+    return link
+
+
+_SAME_STREAM = {"run_id": "$request.path.run_id", "stream_id": "$request.path.stream_id"}
+_CREATED_STREAM = {
+    "run_id": "$request.path.run_id",
+    "stream_id": "$response.body#/definition/stream_id",
+}
+_SAME_OBJECT = {**_SAME_STREAM, "object_id": "$request.path.object_id"}
+# What a new (or found) stream leads to: the stateful phase of the schemathesis test
+# (tests/security/test_schemathesis.py) follows these to create, append, read, ack, close.
+_STREAM_LINKS = {
+    "GetStream": _link("getStream", "The stream just defined", **_CREATED_STREAM),
+    "AppendRecords": _link("appendRecords", "Append to it", **_CREATED_STREAM),
+    "ReadRecords": _link("readRecords", "Read it from the start", **_CREATED_STREAM),
+    "AckFirstConsumer": _link(
+        "ackConsumer",
+        "Acknowledge what its first declared consumer has read (nothing yet)",
+        consumer_id="$response.body#/definition/consumers/0",
+        request_body={"sequence": "$response.body#/state/latest_sequence"},
+        **_CREATED_STREAM,
+    ),
+    "CloseStream": _link("closeStream", "Close it", **_CREATED_STREAM),
+    "PrepareObject": _link("prepareObject", "Prepare an object on it", **_CREATED_STREAM),
+    "SetLegalHold": _link("setLegalHold", "Put it on legal hold", **_CREATED_STREAM),
+}
+_APPENDED_LINKS = {
+    "ReadAppended": _link(
+        "readRecords",
+        "Read what this append stored",
+        cursor="$response.body#/first_sequence",
+        **_SAME_STREAM,
+    ),
+    "AckAppendedAsWorkflow": _link(
+        "ackConsumer",
+        "On an input stream, acknowledge what was appended as its workflow",
+        consumer_id=WORKFLOW_CONSUMER,
+        request_body={"sequence": "$response.body#/last_sequence"},
+        **_SAME_STREAM,
+    ),
+    "GetStream": _link("getStream", "The stream's state after the append", **_SAME_STREAM),
+    "CloseStream": _link("closeStream", "Close the stream", **_SAME_STREAM),
+}
+_OBJECT_LINKS = {
+    "UploadObject": _link(
+        "uploadObject", "Upload its bytes", object_id="$response.body#/object_id", **_SAME_STREAM
+    ),
+    "GetObject": _link(
+        "getObject", "Its state", object_id="$response.body#/object_id", **_SAME_STREAM
+    ),
+    "CommitObject": _link(
+        "commitObject", "Commit it", object_id="$response.body#/object_id", **_SAME_STREAM
+    ),
+    "AbortObject": _link(
+        "abortObject", "Abort it", object_id="$response.body#/object_id", **_SAME_STREAM
+    ),
+}
+_UPLOADED_LINKS = {
+    "CommitObject": _link("commitObject", "Commit the uploaded object", **_SAME_OBJECT),
+    "DownloadObject": _link("downloadObject", "Download it", **_SAME_OBJECT),
+}
+
 _CURSOR = {"type": "integer", "minimum": 0, "maximum": 2**62}
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}
 _PAGE = {"type": "string", "pattern": "^[0-9]{1,18}$"}
 _RUN = {"type": "string", "pattern": RUN_ID_PATTERN}
 _STREAM = {"type": "string", "pattern": STREAM_ID_PATTERN}
+_SEQUENCES = _obj({"first_sequence": _INT, "last_sequence": _INT})
+_PREPARED = {
+    **OBJECT_STATE,
+    "properties": {
+        **OBJECT_STATE["properties"],
+        "expires_at": _TIME,
+        "upload": _obj({"method": _STR, "url": _STR, "headers": {"type": "object"}}),
+    },
+    "required": [*OBJECT_STATE["required"], "expires_at", "upload"],
+}
+_REPLAYED = {"Idempotent-Replayed": {"schema": {"const": "true"}, "required": False}}
+_CURSOR_ERRORS = {
+    "400": ["invalid_cursor", "cursor_in_future"],
+    "410": ["cursor_expired"],
+}
 OPERATIONS: dict[tuple[str, str], OperationDoc] = {
     ("post", "/runs/{run_id}/streams"): OperationDoc(
-        body=_ref("StreamDefinition"), answers={"201": STREAM_VIEW, "200": STREAM_VIEW}
+        "createStream",
+        body=_ref("StreamDefinitionInput"),
+        answers={"201": STREAM_VIEW, "200": STREAM_VIEW},
+        errors=_errors(
+            _IN_RUN,
+            _BODY,
+            {"409": ["definition_conflict"]},
+            {"422": ["invalid_definition", "content_class_forbidden", "placement_mismatch"]},
+        ),
+        links=_STREAM_LINKS,
     ),
-    ("get", "/runs/{run_id}/streams/{stream_id}"): OperationDoc(answers={"200": STREAM_VIEW}),
+    ("get", "/runs/{run_id}/streams/{stream_id}"): OperationDoc(
+        "getStream", answers={"200": STREAM_VIEW}, errors=_errors(_IN_RUN)
+    ),
     ("post", "/runs/{run_id}/streams/{stream_id}/records"): OperationDoc(
+        "appendRecords",
         body=_ref("AppendBody"),
-        answers={
-            "201": _obj({"first_sequence": _INT, "last_sequence": _INT}),
-            "200": _obj({"first_sequence": _INT, "last_sequence": _INT}),
-        },
+        answers={"201": _SEQUENCES, "200": _SEQUENCES},
         headers={
             "Idempotency-Key": {"type": "string", "pattern": "^[\\x20-\\x7e]{1,255}$"},
         },
+        errors=_errors(
+            _IN_RUN,
+            _BODY,
+            {
+                "400": ["invalid_batch", "invalid_idempotency_key"],
+                "409": ["stream_closed", "quota_exhausted"],
+                "413": ["record_too_large", "too_many_json_values"],
+                "422": ["idempotency_key_reused"],
+                "429": ["credit_exhausted"],
+            },
+        ),
+        links=_APPENDED_LINKS,
+        success_headers=_REPLAYED,
     ),
     ("get", "/runs/{run_id}/streams/{stream_id}/records"): OperationDoc(
+        "readRecords",
         answers={
             "200": _obj(
                 {
-                    "records": {"type": "array", "items": RECORD},
+                    "records": {"type": "array", "items": _ref("StreamRecord")},
                     "next_cursor": _INT,
                     "earliest_sequence": _INT,
                     "latest_sequence": _INT,
@@ -155,56 +381,109 @@ OPERATIONS: dict[tuple[str, str], OperationDoc] = {
                 }
             )
         },
-        query={"cursor": _CURSOR, "limit": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}},
+        query={"cursor": _CURSOR, "limit": _LIMIT},
+        errors=_errors(_IN_RUN, _READ, _CURSOR_ERRORS, {"400": ["invalid_limit"]}),
     ),
     ("get", "/runs/{run_id}/streams/{stream_id}/subscribe"): OperationDoc(
-        answers={"200": {"type": "string"}},
+        "subscribe",
+        answers={"200": {"type": "string", "description": SSE_DESCRIPTION}},
         answer_media_type="text/event-stream",
+        answer_description=SSE_DESCRIPTION,
         query={"cursor": _CURSOR},
         headers={"Last-Event-ID": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
+        errors=_errors(_IN_RUN, _READ, _CURSOR_ERRORS),
     ),
     ("post", "/runs/{run_id}/streams/{stream_id}/consumers/{consumer_id}/ack"): OperationDoc(
-        body=_ref("AckBody"), answers={"200": _obj({"consumer_id": _STR, "acked_sequence": _INT})}
+        "ackConsumer",
+        body=_ref("AckBody"),
+        answers={"200": _obj({"consumer_id": _STR, "acked_sequence": _INT})},
+        errors=_errors(
+            _IN_RUN,
+            _BODY,
+            {
+                "400": ["ack_in_future"],
+                "404": ["consumer_not_found"],
+                "409": ["ack_regression"],
+            },
+        ),
     ),
     ("post", "/runs/{run_id}/streams/{stream_id}/close"): OperationDoc(
-        answers={"200": _obj({"closed": {"const": True}, "last_sequence": _INT})}
+        "closeStream",
+        answers={"200": _obj({"closed": {"const": True}, "last_sequence": _INT})},
+        errors=_errors(_IN_RUN),
     ),
     ("put", "/runs/{run_id}/streams/{stream_id}/legal-hold"): OperationDoc(
-        body=_ref("LegalHoldBody"), answers={"200": _ref("StreamState")}
+        "setLegalHold",
+        body=_ref("LegalHoldBody"),
+        answers={"200": _ref("StreamState")},
+        errors=_errors(_IN_RUN, _BODY),
     ),
     ("post", "/runs/{run_id}/streams/{stream_id}/objects"): OperationDoc(
+        "prepareObject",
         body=_ref("PrepareBody"),
-        answers={
-            status: {
-                **OBJECT_STATE,
-                "properties": {
-                    **OBJECT_STATE["properties"],
-                    "expires_at": {"type": "string", "format": "date-time"},
-                    "upload": _obj({"method": _STR, "url": _STR, "headers": {"type": "object"}}),
-                },
-                "required": [*OBJECT_STATE["required"], "expires_at", "upload"],
-            }
-            for status in ("201", "200")
-        },
+        answers={"201": _PREPARED, "200": _PREPARED},
+        errors=_errors(
+            _IN_RUN,
+            _BODY,
+            {
+                "400": ["invalid_request", "invalid_idempotency_key"],
+                "409": ["stream_closed", "definition_conflict"],
+                "413": ["object_too_large", "record_too_large"],
+                "422": ["placement_mismatch"],
+            },
+        ),
+        links=_OBJECT_LINKS,
     ),
     ("put", "/runs/{run_id}/streams/{stream_id}/objects/{object_id}/content"): OperationDoc(
+        "uploadObject",
         body={"type": "string", "format": "binary"},
         body_media_type="application/octet-stream",
         answers={"200": OBJECT_STATE},
+        errors=_errors(
+            _IN_RUN,
+            {
+                "409": ["object_aborted", "object_committed"],
+                "410": ["object_expired"],
+                "413": ["object_too_large", "request_too_large"],
+                "422": ["object_evidence_mismatch"],
+            },
+        ),
+        links=_UPLOADED_LINKS,
     ),
     ("post", "/runs/{run_id}/streams/{stream_id}/objects/{object_id}/commit"): OperationDoc(
-        answers={"201": _obj({"sequence": _INT}), "200": _obj({"sequence": _INT})}
+        "commitObject",
+        answers={"201": _obj({"sequence": _INT}), "200": _obj({"sequence": _INT})},
+        errors=_errors(
+            _IN_RUN,
+            {
+                "409": [
+                    "object_not_uploaded",
+                    "object_aborted",
+                    "stream_closed",
+                    "quota_exhausted",
+                ],
+                "410": ["object_expired"],
+                "422": ["object_evidence_mismatch"],
+                "429": ["credit_exhausted"],
+            },
+        ),
     ),
     ("post", "/runs/{run_id}/streams/{stream_id}/objects/{object_id}/abort"): OperationDoc(
-        answers={"200": OBJECT_STATE}
+        "abortObject",
+        answers={"200": OBJECT_STATE},
+        errors=_errors(_IN_RUN, {"409": ["object_committed"]}),
     ),
     ("get", "/runs/{run_id}/streams/{stream_id}/objects/{object_id}"): OperationDoc(
-        answers={"200": OBJECT_STATE}
+        "getObject", answers={"200": OBJECT_STATE}, errors=_errors(_IN_RUN)
     ),
     ("get", "/runs/{run_id}/streams/{stream_id}/objects/{object_id}/content"): OperationDoc(
-        answers={"200": {"type": "string", "format": "binary"}}, answer_media_type="*/*"
+        "downloadObject",
+        answers={"200": {"type": "string", "format": "binary"}},
+        answer_media_type="*/*",
+        errors=_errors(_IN_RUN, _READ, {"409": ["object_not_uploaded"], "410": ["object_pruned"]}),
     ),
     ("get", "/ops/deliveries"): OperationDoc(
+        "listDeliveries",
         query={
             "state": {"enum": ["pending", "delivered", "retrying", "dead"]},
             "run": _RUN,
@@ -213,14 +492,50 @@ OPERATIONS: dict[tuple[str, str], OperationDoc] = {
             "limit": _LIMIT,
             "page": _PAGE,
         },
-        answers={"200": _obj({"deliveries": {"type": "array"}, "next_page": {}})},
+        answers={
+            "200": _obj(
+                {
+                    "deliveries": {"type": "array", "items": _ref("Delivery")},
+                    "next_page": _NEXT_PAGE,
+                }
+            )
+        },
+        errors=_errors({"400": ["invalid_filter", "invalid_limit", "invalid_page"]}),
+    ),
+    ("get", "/ops/deliveries/{delivery_id}"): OperationDoc(
+        "getDelivery",
+        answers={"200": DELIVERY_DETAIL},
+        errors=_errors({"400": ["invalid_filter"], "404": ["not_found"]}),
+    ),
+    ("post", "/ops/deliveries/{delivery_id}/retry"): OperationDoc(
+        "retryDelivery",
+        body=_ref("RetryBody"),
+        body_required=False,
+        answers={"200": _ref("Delivery")},
+        errors=_errors(
+            {"400": ["invalid_filter", "invalid_body"], "404": ["not_found"]},
+            {"409": ["delivery_not_dead"], "413": ["request_too_large"]},
+        ),
     ),
     ("get", "/ops/gaps"): OperationDoc(
+        "listGaps",
         query={"run": _RUN, "stream": _STREAM, "limit": _LIMIT, "page": _PAGE},
-        answers={"200": {"type": "object"}},
+        answers={"200": _obj({"gaps": {"type": "array", "items": GAP}, "next_page": _NEXT_PAGE})},
+        errors=_errors({"400": ["invalid_filter", "invalid_limit", "invalid_page"]}),
     ),
     ("get", "/ops/summary"): OperationDoc(
-        query={"limit": _LIMIT}, answers={"200": {"type": "object"}}
+        "deliverySummary",
+        query={"limit": _LIMIT},
+        answers={"200": SUMMARY},
+        errors=_errors({"400": ["invalid_filter", "invalid_limit"]}),
+    ),
+}
+HEALTH_OPERATIONS = {
+    "/healthz": ("healthz", "Up", {}),
+    "/readyz": (
+        "readyz",
+        "Ready: the database answers and every migration is applied",
+        {"503": ["not_ready"]},
     ),
 }
 
@@ -236,74 +551,140 @@ PATH_PARAMETERS: dict[str, dict[str, Any]] = {
 def _components() -> dict[str, Any]:
     """Schemas of the request bodies, from the types the handlers decode with."""
     _, structs = msgspec.json.schema_components(
-        [AppendBody, AckBody, LegalHoldBody, PrepareBody], ref_template=REF
+        [AppendBody, AckBody, LegalHoldBody, PrepareBody, RetryBody], ref_template=REF
     )
     structs["AppendBody"]["properties"]["records"].update(minItems=1, maxItems=MAX_BATCH_RECORDS)
-    structs["AckBody"]["properties"]["sequence"]["minimum"] = 0
+    structs["AckBody"]["properties"]["sequence"].update(minimum=0, maximum=2**62)
+    prepare = structs["PrepareBody"]["properties"]
+    prepare["idempotency_key"].update(pattern="^[\\x20-\\x7e]{1,255}$")
+    prepare["sha256"].update(pattern="^[0-9a-fA-F]{64}$")
+    prepare["size"].update(minimum=0, maximum=MAX_OBJECT_BYTES)
+    prepare["content_type"].update(pattern=MEDIA_TYPE_PATTERN, maxLength=255)
+    prepare["schema"] = {
+        "anyOf": [{"type": "string", "minLength": 1, "maxLength": 255}, {"type": "null"}]
+    }
+    prepare["region"] = {
+        "anyOf": [{"type": "string", "minLength": 1, "maxLength": 64}, {"type": "null"}]
+    }
     definition = StreamDefinition.model_json_schema(
         by_alias=True, ref_template=REF.replace("{name}", "{model}")
     )
     nested = definition.pop("$defs", {})
+    _without_nul(definition)
+    for schema in nested.values():
+        _without_nul(schema)
     # Only stream_id and direction are required; everything else gets a default.
-    definition["required"] = ["stream_id", "direction"]
-    definition["properties"]["content_class"] = {"enum": list(CONTENT_CLASSES)}
+    definition_input = copy.deepcopy(definition)
+    definition_input["required"] = ["stream_id", "direction"]
+    definition_input["properties"]["content_class"] = {"enum": list(CONTENT_CLASSES)}
+    definition_input["title"] = "StreamDefinitionInput"
     problem = _obj(
         {"type": _STR, "title": _STR, "status": {"type": "integer"}, "detail": _STR, "code": _STR},
-        # request_id: the X-Request-ID the response echoes (http/observe.py).
-        {"instance": _STR, "request_id": _STR},
+        {
+            "instance": _STR,
+            # The X-Request-ID the response echoes (http/observe.py).
+            "request_id": _STR,
+        },
     )
+    # A problem may carry members of its own (cursor_expired: requested_sequence,
+    # earliest_sequence, latest_sequence, resync_reason; others later).
+    problem["additionalProperties"] = True
     return {
         **structs,
         **nested,
+        "StreamDefinitionInput": definition_input,
         "StreamDefinition": definition,
         "StreamState": STATE,
+        "StreamRecord": RECORD,
+        "Delivery": DELIVERY,
+        "SseEnd": _obj({"last_sequence": _INT}),
+        "SseReconnect": _obj({"reason": {"enum": ["server_shutdown", "token_expired"]}}),
         "Problem": problem,
     }
 
 
-def _problem_answers() -> dict[str, Any]:
-    answers: dict[str, Any] = {
-        status: {
-            "description": description,
+# Postgres text and jsonb hold no NUL, so a definition's strings may not contain one
+# (definitions.parse_definition refuses it): the document says so with a pattern.
+_NO_NUL = "^[^\\u0000]*$"
+
+
+def _without_nul(schema: Any) -> None:
+    if isinstance(schema, dict):
+        if schema.get("type") == "string" and "pattern" not in schema and "enum" not in schema:
+            schema["pattern"] = _NO_NUL
+        for value in schema.values():
+            _without_nul(value)
+    elif isinstance(schema, list):
+        for value in schema:
+            _without_nul(value)
+
+
+def _problem_answers(errors: dict[str, list[str]]) -> dict[str, Any]:
+    answers: dict[str, Any] = {}
+    for status in sorted(errors):
+        codes = errors[status]
+        text = _STATUS_TEXT[status]
+        if codes and not text.startswith("`"):
+            text = f"{text}: " + ", ".join(f"`{c}`" for c in codes)
+        answers[status] = {
+            "description": text,
             "content": {PROBLEM_JSON: {"schema": _ref("Problem")}},
         }
-        for status, description in ERROR_STATUSES.items()
-    }
-    for status in ("429", "503"):
-        answers[status]["headers"] = {
-            "Retry-After": {"schema": {"type": "integer", "minimum": 1}, "required": True}
-        }
+        if status in ("429", "503") and "not_ready" not in codes:
+            answers[status]["headers"] = {
+                "Retry-After": {"schema": {"type": "integer", "minimum": 1}, "required": True}
+            }
     return answers
 
 
 def complete_openapi(document: dict[str, Any]) -> dict[str, Any]:
-    """Complete litestar's generated document in place (idempotent) and return it."""
+    """Complete litestar's generated document in place (idempotent) and return it.
+
+    Only the API under the mount and the health routes are described; any other route
+    (other protocols served beside the API) is left out of the document."""
     if document.get("x-completed-from-contract"):
         return document
     document.setdefault("components", {}).setdefault("schemas", {}).update(_components())
-    for path, item in document.get("paths", {}).items():
+    paths = document.get("paths", {})
+    for path in list(paths):
+        if not path.startswith(MOUNT) and path not in HEALTH_OPERATIONS:
+            del paths[path]
+    for path, item in paths.items():
         for method, operation in item.items():
             if not isinstance(operation, dict) or "responses" not in operation:
                 continue
             if path.startswith(MOUNT):
                 _complete_api_operation(path[len(MOUNT) :], method, operation)
-            elif path in ("/healthz", "/readyz"):
-                operation["responses"] = {
-                    "200": {
-                        "description": "Up (healthz) or ready (readyz)",
-                        "content": {"application/json": {"schema": _obj({"status": _STR})}},
-                    },
-                    "503": {
-                        "description": "`not_ready`",
-                        "content": {PROBLEM_JSON: {"schema": _ref("Problem")}},
-                    },
-                }
+            else:
+                _complete_health_operation(path, operation)
     document["x-completed-from-contract"] = True
     return document
 
 
+def _complete_health_operation(path: str, operation: dict[str, Any]) -> None:
+    operation_id, description, errors = HEALTH_OPERATIONS[path]
+    operation["operationId"] = operation_id
+    # Probes carry no token.
+    operation["security"] = []
+    operation["responses"] = {
+        "200": {
+            "description": description,
+            "content": {"application/json": {"schema": _obj({"status": _STR})}},
+        },
+        **_problem_answers(
+            {
+                "431": ["request_header_too_large"],
+                "503": ["too_many_connections", *errors.get("503", [])],
+            }
+        ),
+    }
+
+
 def _complete_api_operation(path: str, method: str, operation: dict[str, Any]) -> None:
-    doc = OPERATIONS.get((method, path), OperationDoc())
+    doc = OPERATIONS.get((method, path))
+    if doc is None:
+        raise RuntimeError(f"http/openapi.py does not describe {method.upper()} {path}")
+    operation["operationId"] = doc.operation_id
     for parameter in operation.get("parameters", []):
         if parameter.get("in") == "path" and parameter["name"] in PATH_PARAMETERS:
             parameter["schema"] = dict(PATH_PARAMETERS[parameter["name"]])
@@ -318,30 +699,23 @@ def _complete_api_operation(path: str, method: str, operation: dict[str, Any]) -
         operation["parameters"] = [*operation.get("parameters", []), *extra]
     if doc.body is not None:
         operation["requestBody"] = {
-            "required": True,
+            "required": doc.body_required,
             "content": {doc.body_media_type: {"schema": doc.body}},
         }
-    success = {
-        status: answer
-        for status, answer in operation["responses"].items()
-        if status.startswith("2")
-    }
     answers: dict[str, Any] = {}
-    for status, answer in success.items():
-        schema = doc.answers.get(status, {})
-        answers[status] = {
-            "description": answer.get("description", "OK"),
+    for status, schema in doc.answers.items():
+        answer: dict[str, Any] = {
+            "description": doc.answer_description
+            if status != "200" or "201" not in doc.answers
+            else "The same answer again (idempotent replay)",
             "content": {doc.answer_media_type: {"schema": copy.deepcopy(schema)}},
         }
-    for status, schema in doc.answers.items():
-        answers.setdefault(
-            status,
-            {
-                "description": "The same answer again (idempotent replay)",
-                "content": {doc.answer_media_type: {"schema": copy.deepcopy(schema)}},
-            },
-        )
-    answers.update(_problem_answers())
+        if doc.links:
+            answer["links"] = copy.deepcopy(doc.links)
+        if doc.success_headers and status == "200":
+            answer["headers"] = copy.deepcopy(doc.success_headers)
+        answers[status] = answer
+    answers.update(_problem_answers(doc.errors))
     operation["responses"] = answers
 
 

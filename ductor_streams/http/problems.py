@@ -47,6 +47,8 @@ def problem_parts(
     headers = {}
     if isinstance(error, CreditExhausted | DatabaseUnavailable):
         headers["Retry-After"] = str(error.retry_after)
+    elif isinstance(error, MethodNotAllowed) and error.allow:
+        headers["Allow"] = error.allow
     return error.status, msgspec.json.encode(body), headers
 
 
@@ -59,7 +61,8 @@ def _from_http_exception(exc: HTTPException) -> StreamsError:
     if isinstance(exc, NotFoundException) or exc.status_code == 404:
         return NotFound("no such resource")
     if exc.status_code == 405:
-        return MethodNotAllowed()
+        headers = exc.headers or {}
+        return MethodNotAllowed(allow=headers.get("allow") or headers.get("Allow") or "")
     if exc.status_code == 413:
         return RequestTooLarge()
     if exc.status_code in (400, 422):

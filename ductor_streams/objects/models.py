@@ -19,7 +19,8 @@ from ductor_streams.store.encoding import MAX_RECORD_BYTES, check_idempotency_ke
 MAX_OBJECT_BYTES = 33_554_432
 _SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
 # RFC 9110 media type: type "/" subtype *( ";" parameter ), printable ASCII only.
-_MEDIA_TYPE = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+(;[ -~]*)?$")
+MEDIA_TYPE_PATTERN = r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+/[!#$%&'*+.^_`|~0-9A-Za-z-]+(;[ -~]*)?$"
+_MEDIA_TYPE = re.compile(MEDIA_TYPE_PATTERN)
 _encoder = msgspec.json.Encoder()
 
 LIVE_STATES = ("prepared", "uploaded")
