@@ -13,7 +13,7 @@ import httpx
 import pytest
 from httpx_sse import aconnect_sse
 
-from ductor_streams.config import Settings
+from ductor_streams.config import ConfigError, Settings
 from ductor_streams.http.cors import (
     ALLOWED_METHODS,
     ALLOWED_REQUEST_HEADERS,
@@ -401,3 +401,38 @@ async def test_a_vary_the_app_set_is_kept() -> None:
     headers = sent[0]["headers"]
     assert [v for k, v in headers if k == b"vary"] == [b"Accept, Origin"]
     assert (b"access-control-allow-origin", LISTED.encode()) in headers
+
+
+def test_the_setting_is_a_list_of_origins_or_star() -> None:
+    parsed = Settings.from_env(
+        {"DUCTOR_STREAMS_CORS_ORIGINS": " https://App.Example.com, http://localhost:5173 ,"}
+    )
+    assert parsed.cors_origins == ("https://app.example.com", "http://localhost:5173")
+    assert Settings.from_env({"DUCTOR_STREAMS_CORS_ORIGINS": "*"}).cors_origins == ("*",)
+    assert Settings.from_env({}).cors_origins == ()
+    assert Settings.from_env({"DUCTOR_STREAMS_CORS_ORIGINS": "  "}).cors_origins == ()
+    ipv6 = Settings.from_env({"DUCTOR_STREAMS_CORS_ORIGINS": "http://[::1]:8080"})
+    assert ipv6.cors_origins == ("http://[::1]:8080",)
+    for bad, says in [
+        ("https://app.example.com/", "is not an origin"),  # a path (even /)
+        ("https://app.example.com/ui", "is not an origin"),
+        ("app.example.com", "is not an origin"),  # no scheme
+        ("null", "is not an origin"),
+        ("https://a.example, *", "cannot be combined"),
+    ]:
+        with pytest.raises(ConfigError, match=says):
+            Settings.from_env({"DUCTOR_STREAMS_CORS_ORIGINS": bad})
+
+
+async def test_origins_match_whatever_case_the_browser_sends_and_are_echoed_as_sent() -> None:
+    policy = CorsPolicy(Settings.validated(cors_origins="HTTPS://APP.example.com").cors_origins)
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "headers": [(b"origin", b"https://app.EXAMPLE.com")]}
+    wrapped = await policy.screen(scope, send)
+    assert wrapped is not None
+    await wrapped({"type": "http.response.start", "status": 200, "headers": []})
+    assert (b"access-control-allow-origin", b"https://app.EXAMPLE.com") in sent[0]["headers"]
