@@ -9,7 +9,8 @@ import { DurableStream, stream } from "@durable-streams/client"
 
 const settings = new URLSearchParams(location.hash.slice(1))
 const base = settings.get("base")
-const headers = { Authorization: `Bearer ${settings.get("token")}` }
+// As the README shows: a function, called for every request (a fresh token each time).
+const headers = { Authorization: () => `Bearer ${settings.get("token")}` }
 const status = document.getElementById("status")
 const records = document.getElementById("records")
 
