@@ -282,14 +282,14 @@ class Bench:
             connections = [await RawAppender.open(self.server, self.token, r) for r in run_ids]
             start_at = time.time() + 0.5
 
-            async def lane(connection: RawAppender) -> None:
+            async def write_load(connection: RawAppender) -> None:
                 for i in range(tokens):
                     wait = start_at + i / rate - time.time()
                     if wait > 0:
                         await asyncio.sleep(wait)
                     await connection.append(i)
 
-            load: Any = asyncio.gather(*(lane(c) for c in connections))
+            load: Any = asyncio.gather(*(write_load(c) for c in connections))
         else:
             handles, start_at = await self.start_workflows(
                 mode, run_ids, tokens, rate, lead=2.0 + 0.05 * streams

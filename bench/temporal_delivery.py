@@ -13,7 +13,7 @@ Temporal signal baseline measured in the same run.
 2. Throughput: ``--streams`` workflows, a backlog of ``--per-stream`` input records each,
    appended once 1 (then 2) ``ductor-streams workers`` processes run; deliveries/s = all
    records / time until every delivery row is ``delivered``. Baseline: bare signals/s from
-   one client with one concurrent lane per workflow. Each workflow must end with exactly
+   one client with one concurrent signal loop per workflow. Each workflow must end with exactly
    ``--per-stream`` signals (no repeats).
 
 The database is a fresh one on the given server (default $DUCTOR_STREAMS_DATABASE_URL,
@@ -210,19 +210,19 @@ async def throughput(
     counts = await asyncio.gather(*(h.result() for h in handles))
     assert counts == [per_stream] * streams, counts
 
-    # Baseline: bare signals, one lane per workflow, from this one client.
+    # Baseline: bare signals, one signal loop per workflow, from this one client.
     base_ids = [f"{tenant}-base-{i}" for i in range(streams)]
     bases = [
         await client.start_workflow(CountWorkflow.run, per_stream, id=r, task_queue=TASK_QUEUE)
         for r in base_ids
     ]
 
-    async def lane(handle: WorkflowHandle[Any, Any]) -> None:
+    async def signal_loop(handle: WorkflowHandle[Any, Any]) -> None:
         for i in range(1, per_stream + 1):
             await handle.signal(INPUT_SIGNAL, {"stream_id": "input", "sequence": i, "payload": {}})
 
     base_started = time.monotonic()
-    await asyncio.gather(*(lane(h) for h in bases))
+    await asyncio.gather(*(signal_loop(h) for h in bases))
     base_elapsed = time.monotonic() - base_started
     await asyncio.gather(*(h.result() for h in bases))
     return {

@@ -1,8 +1,8 @@
 """The input dispatcher: claims due deliveries and hands them to the wait service.
 
 Per stream, deliveries go one at a time in sequence order; different streams go
-concurrently, each claimed stream a lane of its own, and a lane that finishes frees its
-slot for the next claim at once. Claims are leases in Postgres (``delivery_claim``),
+concurrently, each claimed stream delivered by a task of its own, and one that finishes
+frees its slot for the next claim at once. Claims are leases in Postgres (``delivery_claim``),
 kept short and renewed by a heartbeat while their owner lives (``delivery_renew``), so a
 replica takes over a crashed one's leases within about one lease. An owner sends only
 within ``LEASE_GUARD`` of a lease after its last renewal began, so while nothing crashes
@@ -39,7 +39,7 @@ from ductor_streams.delivery.wait_service import (
 log = logging.getLogger(__name__)
 
 # An owner sends a signal only within this fraction of a lease after the start of the
-# last renewal (or claim) that covered every row of the lane: Postgres counts the lease
+# last renewal (or claim) that covered every row of the stream: Postgres counts the lease
 # from a later moment (the statement's start), so the 20% left over absorbs clock rate
 # and scheduling jitter and the owner has stopped before any other replica may claim.
 LEASE_GUARD = 0.8
@@ -47,7 +47,7 @@ LEASE_GUARD = 0.8
 # stall eat half a lease) before a live owner's guard runs out.
 RENEWALS_PER_LEASE = 4
 
-# A lane records what it has sent at least this often (and at its end), so that a row
+# A stream records what it has sent at least this often (and at its end), so that a row
 # is `delivered` soon after its signal, not after the whole claim: what a crash leaves
 # to be sent again (and a takeover's figures) stays small. One UPDATE per period.
 RECORD_EVERY = 0.2
@@ -62,7 +62,7 @@ class DispatcherConfig:
     # Short, renewed every lease/4 while held: a dead owner's rows are claimable at most
     # this long after its last renewal (docs/temporal.md, "Leases": why 1.5 s).
     lease_seconds: float = 1.5
-    max_streams: int = 32  # streams (lanes) held and delivered concurrently
+    max_streams: int = 32  # streams held and delivered concurrently
     per_stream: int = 100  # deliveries leased per stream per claim
     idle_poll: float = 1.0  # re-check this often even without a wake (lost notifications)
     base_delay: float = 0.5  # first retry after about this long, doubling, with jitter
@@ -81,7 +81,7 @@ def backoff_delay(attempts: int, config: DispatcherConfig) -> float:
 
 
 @dataclass(eq=False)
-class _Lane:
+class _ClaimedStream:
     """One claimed stream's deliveries while this dispatcher holds their leases."""
 
     deliveries: list[ClaimedDelivery]
@@ -115,7 +115,7 @@ class Dispatcher:
         self._wake = asyncio.Event()
         self._stop = asyncio.Event()
         self._stopped_at: float | None = None
-        self._lanes: set[_Lane] = set()
+        self._streams: set[_ClaimedStream] = set()
         self._heartbeat: asyncio.Task[None] | None = None
         self.delivered = 0
         self.renewals = 0  # renewal statements that succeeded (tests, metrics)
@@ -125,7 +125,7 @@ class Dispatcher:
         self._wake.set()
 
     def stop(self) -> None:
-        """Claim nothing more; lanes give back what they have not sent (see stop_grace)."""
+        """Claim nothing more; streams give back what they have not sent (see stop_grace)."""
         if self._stopped_at is None:
             self._stopped_at = time.monotonic()
         self._stop.set()
@@ -134,17 +134,18 @@ class Dispatcher:
     async def run(self) -> None:
         """Claim and deliver until ``stop()``; waits for wakes or the idle poll between.
 
-        Lanes run as tasks: a claim happens whenever a slot is free and something may be
-        due, not only once every lane of the previous claim has finished, so a lease that
-        lapses is taken over while this dispatcher is busy with long lanes of its own.
+        Each claimed stream is delivered by a task of its own: a claim happens whenever a
+        slot is free and something may be due, not only once every stream of the previous
+        claim has finished, so a lease that lapses is taken over while this dispatcher is
+        busy with long streams of its own.
         """
         failures = 0
-        lanes: set[asyncio.Task[None]] = set()
+        tasks: set[asyncio.Task[None]] = set()
 
         def finished(task: asyncio.Task[None]) -> None:
-            lanes.discard(task)
+            tasks.discard(task)
             if not task.cancelled() and task.exception() is not None:
-                log.error("delivery lane crashed", exc_info=task.exception())
+                log.error("delivery of a claimed stream crashed", exc_info=task.exception())
             self._wake.set()  # a slot is free, and the stream may have more
 
         async with self._renewing():
@@ -154,15 +155,15 @@ class Dispatcher:
                     self._wake.clear()
                     timeout = self.config.idle_poll
                     try:
-                        free = self.config.max_streams - len(lanes)
+                        free = self.config.max_streams - len(tasks)
                         if free > 0:
                             claimed = await self._claim(free)
                             failures = 0
-                            for lane in claimed:
+                            for stream in claimed:
                                 task = asyncio.get_running_loop().create_task(
-                                    self._deliver_lane(lane)
+                                    self._deliver_stream(stream)
                                 )
-                                lanes.add(task)
+                                tasks.add(task)
                                 task.add_done_callback(finished)
                             if claimed:
                                 continue
@@ -178,20 +179,20 @@ class Dispatcher:
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(self._wake.wait(), timeout)
             finally:
-                # Also when cancelled or crashed: the lanes see the stop before their next
+                # Also when cancelled or crashed: the deliveries see the stop before their next
                 # signal and give back the rest, instead of running on unwatched.
                 self.stop()
-                if lanes:
-                    await asyncio.gather(*lanes, return_exceptions=True)
+                if tasks:
+                    await asyncio.gather(*tasks, return_exceptions=True)
 
     async def run_once(self) -> int:
-        """One claim, every claimed lane delivered; returns how many were claimed."""
+        """One claim, every claimed stream delivered; returns how many were claimed."""
         async with self._renewing():
-            lanes = await self._claim(self.config.max_streams)
-            await asyncio.gather(*(self._deliver_lane(lane) for lane in lanes))
-        return sum(len(lane.deliveries) for lane in lanes)
+            streams = await self._claim(self.config.max_streams)
+            await asyncio.gather(*(self._deliver_stream(stream) for stream in streams))
+        return sum(len(stream.deliveries) for stream in streams)
 
-    async def _claim(self, max_streams: int) -> list[_Lane]:
+    async def _claim(self, max_streams: int) -> list[_ClaimedStream]:
         # Taken before the claim (and its pool acquire): the lease Postgres grants starts
         # later, so a guard counted from here ends early, never late.
         started = time.monotonic()
@@ -207,12 +208,12 @@ class Dispatcher:
         metrics.DELIVERY_CLAIM_SECONDS.observe(time.monotonic() - started)
         if tracing.ENABLED and claimed:
             _claim_span(claimed, started_ns)
-        lanes = [
-            _Lane(deliveries, {d.delivery_id for d in deliveries}, started)
+        streams = [
+            _ClaimedStream(deliveries, {d.delivery_id for d in deliveries}, started)
             for deliveries in claimed.values()
         ]
-        self._lanes.update(lanes)
-        return lanes
+        self._streams.update(streams)
+        return streams
 
     # -- the lease heartbeat ---------------------------------------------------------
 
@@ -237,28 +238,30 @@ class Dispatcher:
         while True:
             await asyncio.sleep(self._renew_every)
             now = time.monotonic()
-            # A lane claimed or renewed less than half a period ago is left for the next
+            # A stream claimed or renewed less than half a period ago is left for the next
             # beat (it is then at most 1.5 periods old, well inside the guard): most
-            # lanes finish in milliseconds and never cost a renewal.
+            # streams finish in milliseconds and never cost a renewal.
             due = [
-                lane
-                for lane in self._lanes
-                if lane.held and not lane.lost and now - lane.renewed_at >= self._renew_every / 2
+                stream
+                for stream in self._streams
+                if stream.held
+                and not stream.lost
+                and now - stream.renewed_at >= self._renew_every / 2
             ]
             if not due:
                 continue
             try:
                 await self._renew(due)
             except (*_DB_ERRORS, TimeoutError) as exc:
-                # The guards keep running out: if this goes on, the lanes stop sending
+                # The guards keep running out: if this goes on, the streams stop sending
                 # before their leases lapse, and whoever claims them next sends the rest.
                 log.warning("lease renewal failed", extra={"error_type": type(exc).__name__})
             except Exception:
-                # Never let the heartbeat die: without it every lane gives back at its guard.
+                # Never let the heartbeat die: without it every stream gives back at its guard.
                 log.exception("lease renewal raised")
 
-    async def _renew(self, lanes: list[_Lane]) -> None:
-        ids = [delivery_id for lane in lanes for delivery_id in lane.held]
+    async def _renew(self, streams: list[_ClaimedStream]) -> None:
+        ids = [delivery_id for stream in streams for delivery_id in stream.held]
         # Bounded by a guard: a renewal that took longer extends nothing (its start plus
         # the guard has passed), but a slow one that succeeds within it still counts (a
         # new pool connection under load can take most of a second).
@@ -273,30 +276,30 @@ class Dispatcher:
                 timeout=self._guard,
             )
         self.renewals += 1
-        for lane in lanes:
+        for stream in streams:
             # `held` may have shrunk meanwhile; whatever is still in it must be renewed.
-            if lane.held <= renewed:
-                lane.renewed_at = max(lane.renewed_at, started)
-            elif not lane.lost:
-                # Lapsed (a stall longer than the guard's margin) or taken: this lane's
+            if stream.held <= renewed:
+                stream.renewed_at = max(stream.renewed_at, started)
+            elif not stream.lost:
+                # Lapsed (a stall longer than the guard's margin) or taken: this stream's
                 # guard is never extended again, and it ran out before the lease did.
-                lane.lost = True
+                stream.lost = True
                 log.warning(
                     "delivery lease lost",
-                    extra={"stream_pk": lane.deliveries[0].stream_pk, "owner": self.owner},
+                    extra={"stream_pk": stream.deliveries[0].stream_pk, "owner": self.owner},
                 )
 
-    def _deadline(self, lane: _Lane) -> float:
-        """Monotonic time after which this lane must not have a signal in flight."""
-        deadline = lane.renewed_at + self._guard
+    def _deadline(self, stream: _ClaimedStream) -> float:
+        """Monotonic time after which this stream must not have a signal in flight."""
+        deadline = stream.renewed_at + self._guard
         if self._stopped_at is not None:
             deadline = min(deadline, self._stopped_at + self.config.stop_grace)
         return deadline
 
-    # -- one lane ----------------------------------------------------------------------
+    # -- one stream ----------------------------------------------------------------------
 
-    async def _send(self, lane: _Lane, delivery: ClaimedDelivery) -> bool:
-        """Signal one delivery within the lane's deadline (which renewals move on).
+    async def _send(self, stream: _ClaimedStream, delivery: ClaimedDelivery) -> bool:
+        """Signal one delivery within the stream's deadline (which renewals move on).
 
         False if the deadline passed first: the signal was abandoned and may or may not
         have reached the run (whoever sends it again is deduplicated by the helper).
@@ -306,7 +309,7 @@ class Dispatcher:
         started = time.monotonic()
         if not tracing.ENABLED:
             try:
-                return await self._send_within_deadline(lane, delivery)
+                return await self._send_within_deadline(stream, delivery)
             finally:
                 metrics.DELIVERY_SIGNAL_SECONDS.observe(time.monotonic() - started)
         from opentelemetry import context, trace
@@ -316,7 +319,7 @@ class Dispatcher:
         # client's task, which copies this context) puts its span under this one.
         token = context.attach(trace.set_span_in_context(span))
         try:
-            sent = await self._send_within_deadline(lane, delivery)
+            sent = await self._send_within_deadline(stream, delivery)
             if not sent:
                 span.set_attribute("ductor_streams.abandoned", True)
             return sent
@@ -328,11 +331,13 @@ class Dispatcher:
             span.end()
             metrics.DELIVERY_SIGNAL_SECONDS.observe(time.monotonic() - started)
 
-    async def _send_within_deadline(self, lane: _Lane, delivery: ClaimedDelivery) -> bool:
+    async def _send_within_deadline(
+        self, stream: _ClaimedStream, delivery: ClaimedDelivery
+    ) -> bool:
         task = asyncio.ensure_future(self._wait.deliver(delivery.event))
         try:
             while True:
-                remaining = self._deadline(lane) - time.monotonic()
+                remaining = self._deadline(stream) - time.monotonic()
                 if remaining <= 0:
                     task.cancel()
                     await asyncio.wait({task})
@@ -348,32 +353,32 @@ class Dispatcher:
             task.cancel()
             raise
 
-    async def _deliver_lane(self, lane: _Lane) -> None:
+    async def _deliver_stream(self, stream: _ClaimedStream) -> None:
         done: list[int] = []
-        deliveries = lane.deliveries
+        deliveries = stream.deliveries
         recorded_at = time.monotonic()
         try:
             for index, delivery in enumerate(deliveries):
-                if self._stop.is_set() or time.monotonic() >= self._deadline(lane):
-                    await self._give_back(lane, done, index)
+                if self._stop.is_set() or time.monotonic() >= self._deadline(stream):
+                    await self._give_back(stream, done, index)
                     return
                 try:
-                    sent = await self._send(lane, delivery)
+                    sent = await self._send(stream, delivery)
                 except RunGone as exc:
                     if isinstance(exc, RunNotFound) and self._young(delivery):
-                        await self._retry(done, lane, index, f"run not found: {exc}")
+                        await self._retry(done, stream, index, f"run not found: {exc}")
                     else:
-                        await self._dead(done, lane, index, str(exc))
+                        await self._dead(done, stream, index, str(exc))
                     return
                 except DeliveryFailed as exc:
-                    await self._retry(done, lane, index, str(exc))
+                    await self._retry(done, stream, index, str(exc))
                     return
                 except Exception as exc:  # an unclassified failure is retryable
                     log.exception("wait service raised", extra={"delivery": delivery.delivery_id})
-                    await self._retry(done, lane, index, f"{type(exc).__name__}: {exc}")
+                    await self._retry(done, stream, index, f"{type(exc).__name__}: {exc}")
                     return
                 if not sent:
-                    await self._give_back(lane, done, index)
+                    await self._give_back(stream, done, index)
                     return
                 metrics.DELIVERY_ATTEMPTS.labels("delivered").inc()
                 metrics.DELIVERY_LATENCY.observe(
@@ -381,49 +386,49 @@ class Dispatcher:
                 )
                 done.append(delivery.delivery_id)
                 if time.monotonic() - recorded_at >= RECORD_EVERY:
-                    await self._flush(lane, done)
+                    await self._flush(stream, done)
                     recorded_at = time.monotonic()
-            await self._flush(lane, done)
+            await self._flush(stream, done)
         except _DB_ERRORS as exc:
             # The lease runs out and another claim (or replica) repeats what is unrecorded.
             log.warning("recording deliveries failed", extra={"error_type": type(exc).__name__})
         finally:
-            self._lanes.discard(lane)
+            self._streams.discard(stream)
 
     def _young(self, delivery: ClaimedDelivery) -> bool:
         age = (datetime.now(UTC) - delivery.created_at).total_seconds()
         return age < self.config.not_found_grace
 
-    def _let_go(self, lane: _Lane, index: int) -> list[int]:
+    def _let_go(self, stream: _ClaimedStream, index: int) -> list[int]:
         """The ids of deliveries[index:], no longer held (before any statement on them)."""
-        ids = [d.delivery_id for d in lane.deliveries[index:]]
-        lane.held.difference_update(ids)
+        ids = [d.delivery_id for d in stream.deliveries[index:]]
+        stream.held.difference_update(ids)
         return ids
 
-    async def _flush(self, lane: _Lane, done: list[int]) -> None:
-        lane.held.difference_update(done)
+    async def _flush(self, stream: _ClaimedStream, done: list[int]) -> None:
+        stream.held.difference_update(done)
         await outbox.mark_delivered(self._pool, done)
         self.delivered += len(done)
         done.clear()
 
-    async def _give_back(self, lane: _Lane, done: list[int], index: int) -> None:
+    async def _give_back(self, stream: _ClaimedStream, done: list[int], index: int) -> None:
         """Stopping or out of lease: record what was sent, give back the rest at once,
         and wake the other dispatchers to take it."""
         if not self._stop.is_set():
             # Renewals failed or lagged (database trouble, a stalled event loop).
             log.warning(
                 "delivery lease guard ran out: giving the rest of a claim back",
-                extra={"stream_pk": lane.deliveries[0].stream_pk, "lost": lane.lost},
+                extra={"stream_pk": stream.deliveries[0].stream_pk, "lost": stream.lost},
             )
-        await self._flush(lane, done)
-        await outbox.release(self._pool, self._let_go(lane, index), owner=self.owner, wake=True)
+        await self._flush(stream, done)
+        await outbox.release(self._pool, self._let_go(stream, index), owner=self.owner, wake=True)
 
-    async def _dead(self, done: list[int], lane: _Lane, index: int, error: str) -> None:
-        delivery = lane.deliveries[index]
+    async def _dead(self, done: list[int], stream: _ClaimedStream, index: int, error: str) -> None:
+        delivery = stream.deliveries[index]
         metrics.DELIVERY_ATTEMPTS.labels("dead").inc()
-        await self._flush(lane, done)
+        await self._flush(stream, done)
         await outbox.mark_dead(
-            self._pool, self._let_go(lane, index), attempted=delivery.delivery_id, error=error
+            self._pool, self._let_go(stream, index), attempted=delivery.delivery_id, error=error
         )
         log.info(
             "input delivery dead",
@@ -435,14 +440,14 @@ class Dispatcher:
             },
         )
 
-    async def _retry(self, done: list[int], lane: _Lane, index: int, error: str) -> None:
-        await self._flush(lane, done)
-        failed = lane.deliveries[index]
+    async def _retry(self, done: list[int], stream: _ClaimedStream, index: int, error: str) -> None:
+        await self._flush(stream, done)
+        failed = stream.deliveries[index]
         attempts = failed.attempts + 1
         metrics.DELIVERY_ATTEMPTS.labels(
             "dead" if attempts >= self.config.max_attempts else "retrying"
         ).inc()
-        rest = self._let_go(lane, index)
+        rest = self._let_go(stream, index)
         if attempts >= self.config.max_attempts:
             await outbox.mark_dead(
                 self._pool,
@@ -465,7 +470,7 @@ class Dispatcher:
 def _claim_span(claimed: dict[int, list[ClaimedDelivery]], started_ns: int) -> None:
     """The span of a claim that leased something: linked to the appending requests of
     what it leased (a batch of many traces; each signal span is their child)."""
-    deliveries = [d for lane in claimed.values() for d in lane]
+    deliveries = [d for stream in claimed.values() for d in stream]
     span = tracing.tracer().start_span(
         "delivery claim",
         start_time=started_ns,

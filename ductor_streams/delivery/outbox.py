@@ -38,7 +38,7 @@ async def claim(
     rows = await pool.fetch(
         QUERIES["delivery_claim"], owner, lease_seconds, max_streams, per_stream, tenant
     )
-    lanes: dict[int, list[ClaimedDelivery]] = {}
+    claimed: dict[int, list[ClaimedDelivery]] = {}
     for row in rows:
         payload = row["payload"]
         event = InputEvent(
@@ -52,7 +52,7 @@ async def claim(
             object=json.loads(row["object"]) if row["object"] is not None else None,
             appended_at=row["appended_at"].isoformat() if row["appended_at"] else None,
         )
-        lanes.setdefault(row["stream_pk"], []).append(
+        claimed.setdefault(row["stream_pk"], []).append(
             ClaimedDelivery(
                 row["delivery_id"],
                 row["stream_pk"],
@@ -62,9 +62,9 @@ async def claim(
                 row["trace_context"],
             )
         )
-    for deliveries in lanes.values():
+    for deliveries in claimed.values():
         deliveries.sort(key=lambda d: d.event.sequence)
-    return lanes
+    return claimed
 
 
 async def mark_delivered(pool: asyncpg.Pool, delivery_ids: list[int]) -> None:

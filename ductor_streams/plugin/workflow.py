@@ -95,7 +95,7 @@ class StreamsSnapshot:
 
 
 @dataclass
-class _Lane:
+class _Inbox:
     """One input stream inside this run."""
 
     position: InputPosition
@@ -126,9 +126,9 @@ class Streams:
         retry_policy: RetryPolicy | None = None,
     ) -> None:
         snapshot = snapshot or StreamsSnapshot()
-        self._lanes: dict[str, _Lane] = {
+        self._inboxes: dict[str, _Inbox] = {
             # Records that reached the predecessor but were not consumed are read back.
-            stream_id: _Lane(
+            stream_id: _Inbox(
                 InputPosition(p.next_sequence, p.acked, p.highest_seen),
                 catch_up=p.highest_seen >= p.next_sequence,
             )
@@ -160,7 +160,7 @@ class Streams:
             **self._options(),
         )
         if direction == "input":
-            self._lane(stream_id)
+            self._inbox(stream_id)
         return result
 
     async def append(self, stream_id: str, *payloads: Any) -> AppendResult:
@@ -212,35 +212,35 @@ class Streams:
 
         Waits for the first one up to ``timeout`` (None: forever), then TimeoutError.
         """
-        lane = self._lane(stream_id)
+        inbox = self._inbox(stream_id)
         deadline = None if timeout is None else workflow.time() + timeout.total_seconds()
         while True:
-            if lane.catch_up and lane.position.next_sequence not in lane.held:
-                await self._fetch(stream_id, lane, until=None)
-            ready = self._take(lane, max_records)
+            if inbox.catch_up and inbox.position.next_sequence not in inbox.held:
+                await self._fetch(stream_id, inbox, until=None)
+            ready = self._take(inbox, max_records)
             if ready:
-                self._maybe_ack(stream_id, lane)
+                self._maybe_ack(stream_id, inbox)
                 return ready
             remaining = None if deadline is None else max(0.0, deadline - workflow.time())
             if remaining == 0.0:
                 raise TimeoutError(f"no input on {stream_id!r} in time")
-            gap = bool(lane.held) or lane.position.highest_seen >= lane.position.next_sequence
+            gap = bool(inbox.held) or inbox.position.highest_seen >= inbox.position.next_sequence
             wait = remaining
             if gap:
                 gap_wait = self._gap_timeout.total_seconds()
                 wait = gap_wait if wait is None else min(wait, gap_wait)
-            lane.idle = True
-            self._maybe_ack(stream_id, lane)
+            inbox.idle = True
+            self._maybe_ack(stream_id, inbox)
             try:
                 await workflow.wait_condition(
-                    lambda: lane.position.next_sequence in lane.held,
+                    lambda: inbox.position.next_sequence in inbox.held,
                     timeout=None if wait is None else timedelta(seconds=wait),
                 )
             except TimeoutError:
-                if gap and lane.position.next_sequence not in lane.held:
-                    await self._fetch(stream_id, lane, until=min(lane.held, default=None))
+                if gap and inbox.position.next_sequence not in inbox.held:
+                    await self._fetch(stream_id, inbox, until=min(inbox.held, default=None))
             finally:
-                lane.idle = False
+                inbox.idle = False
 
     async def records(
         self, stream_id: str, *, idle_timeout: timedelta | None = None
@@ -256,12 +256,12 @@ class Streams:
 
     async def flush_acks(self) -> None:
         """Acknowledge everything consumed so far, and wait for it."""
-        for stream_id, lane in self._lanes.items():
-            if lane.ack_task is not None:
-                await lane.ack_task
-            consumed = lane.position.next_sequence - 1
-            if consumed > lane.position.acked:
-                await self._ack(stream_id, lane, consumed)
+        for stream_id, inbox in self._inboxes.items():
+            if inbox.ack_task is not None:
+                await inbox.ack_task
+            consumed = inbox.position.next_sequence - 1
+            if consumed > inbox.position.acked:
+                await self._ack(stream_id, inbox, consumed)
 
     async def prepare_continue_as_new(self) -> StreamsSnapshot:
         """Flush the acks and return the snapshot to hand to the next run."""
@@ -274,15 +274,15 @@ class Streams:
         return StreamsSnapshot(
             inputs={
                 stream_id: InputPosition(
-                    lane.position.next_sequence, lane.position.acked, lane.position.highest_seen
+                    inbox.position.next_sequence, inbox.position.acked, inbox.position.highest_seen
                 )
-                for stream_id, lane in self._lanes.items()
+                for stream_id, inbox in self._inboxes.items()
             },
             append_counts=dict(self._append_counts),
         )
 
     def position(self, stream_id: str) -> InputPosition:
-        return self._lane(stream_id).position
+        return self._inbox(stream_id).position
 
     # ---- internals ---------------------------------------------------------------------
 
@@ -295,11 +295,11 @@ class Streams:
             "retry_policy": self._retry_policy,
         }
 
-    def _lane(self, stream_id: str) -> _Lane:
-        lane = self._lanes.get(stream_id)
-        if lane is None:
-            lane = self._lanes[stream_id] = _Lane(InputPosition())
-        return lane
+    def _inbox(self, stream_id: str) -> _Inbox:
+        inbox = self._inboxes.get(stream_id)
+        if inbox is None:
+            inbox = self._inboxes[stream_id] = _Inbox(InputPosition())
+        return inbox
 
     def _on_input(self, event: dict[str, Any]) -> None:
         record = StreamRecord(
@@ -309,32 +309,32 @@ class Streams:
             object=event.get("object"),
             appended_at=event.get("appended_at"),
         )
-        self._hold(self._lane(record.stream_id), record)
+        self._hold(self._inbox(record.stream_id), record)
 
-    def _hold(self, lane: _Lane, record: StreamRecord) -> None:
-        position = lane.position
+    def _hold(self, inbox: _Inbox, record: StreamRecord) -> None:
+        position = inbox.position
         position.highest_seen = max(position.highest_seen, record.sequence)
-        if record.sequence < position.next_sequence or record.sequence in lane.held:
+        if record.sequence < position.next_sequence or record.sequence in inbox.held:
             self.duplicates_dropped += 1
             return
-        lane.held[record.sequence] = record
+        inbox.held[record.sequence] = record
 
-    def _take(self, lane: _Lane, max_records: int) -> list[StreamRecord]:
+    def _take(self, inbox: _Inbox, max_records: int) -> list[StreamRecord]:
         ready: list[StreamRecord] = []
         while len(ready) < max_records:
-            record = lane.held.pop(lane.position.next_sequence, None)
+            record = inbox.held.pop(inbox.position.next_sequence, None)
             if record is None:
                 break
             ready.append(record)
-            lane.position.next_sequence += 1
+            inbox.position.next_sequence += 1
         return ready
 
-    async def _fetch(self, stream_id: str, lane: _Lane, *, until: int | None) -> None:
+    async def _fetch(self, stream_id: str, inbox: _Inbox, *, until: int | None) -> None:
         """Read missing records from the store: from the next expected sequence up to (not
         including) ``until``, or up to the highest sequence this run has heard of. One page
         (at most 1 MiB); ``catch_up`` stays set while the range is not complete."""
-        start = lane.position.next_sequence
-        last = (until - 1) if until is not None else lane.position.highest_seen
+        start = inbox.position.next_sequence
+        last = (until - 1) if until is not None else inbox.position.highest_seen
         wanted = max(1, min(1000, last - start + 1))
         page: ReadResult = await workflow.execute_activity(
             READ,
@@ -343,23 +343,23 @@ class Streams:
             **self._options(),
         )
         for record in page.records:
-            self._hold(lane, record)
-        lane.catch_up = bool(page.records) and page.records[-1].sequence < last
+            self._hold(inbox, record)
+        inbox.catch_up = bool(page.records) and page.records[-1].sequence < last
 
-    def _maybe_ack(self, stream_id: str, lane: _Lane) -> None:
-        if lane.ack_task is not None and not lane.ack_task.done():
+    def _maybe_ack(self, stream_id: str, inbox: _Inbox) -> None:
+        if inbox.ack_task is not None and not inbox.ack_task.done():
             return  # one at a time; its completion looks again
-        consumed = lane.position.next_sequence - 1
-        owed = consumed - lane.position.acked
-        if owed > 0 and (lane.idle or owed >= self._ack_every):
-            lane.ack_task = asyncio.create_task(self._ack_then_look(stream_id, lane, consumed))
+        consumed = inbox.position.next_sequence - 1
+        owed = consumed - inbox.position.acked
+        if owed > 0 and (inbox.idle or owed >= self._ack_every):
+            inbox.ack_task = asyncio.create_task(self._ack_then_look(stream_id, inbox, consumed))
 
-    async def _ack_then_look(self, stream_id: str, lane: _Lane, sequence: int) -> None:
-        await self._ack(stream_id, lane, sequence)
-        lane.ack_task = None
-        self._maybe_ack(stream_id, lane)
+    async def _ack_then_look(self, stream_id: str, inbox: _Inbox, sequence: int) -> None:
+        await self._ack(stream_id, inbox, sequence)
+        inbox.ack_task = None
+        self._maybe_ack(stream_id, inbox)
 
-    async def _ack(self, stream_id: str, lane: _Lane, sequence: int) -> None:
+    async def _ack(self, stream_id: str, inbox: _Inbox, sequence: int) -> None:
         try:
             result: AckResult = await workflow.execute_activity(
                 ACK,
@@ -371,4 +371,4 @@ class Streams:
             # Credit only: a lost ack never loses input. Say so, keep going.
             workflow.logger.warning("ack of %s up to %d failed: %s", stream_id, sequence, exc)
             return
-        lane.position.acked = max(lane.position.acked, result.acked_sequence)
+        inbox.position.acked = max(inbox.position.acked, result.acked_sequence)

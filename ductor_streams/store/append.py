@@ -83,7 +83,7 @@ Item = tuple[EncodedBatch, "asyncio.Future[Outcome]"]
 
 
 @dataclass
-class _Lane:
+class _StreamQueue:
     """The queue of one stream in this process."""
 
     pending: deque[Item] = field(default_factory=deque)
@@ -148,8 +148,8 @@ class Appender:
     ) -> None:
         self._pool = pool
         self._connection = HeldConnection(pool)  # kept across back-to-back statements
-        self._lanes: dict[int, _Lane] = {}
-        self._ready: dict[int, None] = {}  # lanes with requests and no group in flight
+        self._queues: dict[int, _StreamQueue] = {}
+        self._ready: dict[int, None] = {}  # streams with requests and no group in flight
         self._in_flight = 0  # append statements running now
         self._max_statements = max_statements
         self.statements = 0  # append statements sent (tests and benchmarks read it)
@@ -166,12 +166,12 @@ class Appender:
             traceparent = tracing.current_traceparent()
             if traceparent is not None:
                 batch = dataclasses.replace(batch, trace=traceparent)
-        lane = self._lanes.get(stream_pk)
-        if lane is None:
-            lane = self._lanes[stream_pk] = _Lane()
+        queue = self._queues.get(stream_pk)
+        if queue is None:
+            queue = self._queues[stream_pk] = _StreamQueue()
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
-        lane.pending.append((batch, future))
-        if not lane.busy:
+        queue.pending.append((batch, future))
+        if not queue.busy:
             self._ready[stream_pk] = None
             self._dispatch()
         # A caller that goes away cancels only its own future: the statement runs in
@@ -179,7 +179,7 @@ class Appender:
         return await future
 
     def _dispatch(self) -> None:
-        """Start statements for ready lanes: at once if none is in flight, else while
+        """Start statements for ready streams: at once if none is in flight, else while
         fewer than ``max_statements`` run and enough records are ready to be worth one."""
         while (
             self._ready
@@ -194,9 +194,9 @@ class Appender:
                 ):
                     break
                 del self._ready[stream_pk]
-                lane = self._lanes[stream_pk]
-                lane.busy = True
-                group = lane.take_group()
+                queue = self._queues[stream_pk]
+                queue.busy = True
+                group = queue.take_group()
                 records += sum(batch.count for batch, _ in group)
                 groups.append((stream_pk, group))
             # Alone in flight, a statement may carry its own NOTIFY: no other commit of
@@ -213,7 +213,7 @@ class Appender:
     def _ready_records_reach(self, threshold: int) -> bool:
         records = 0
         for stream_pk in self._ready:
-            for batch, _ in self._lanes[stream_pk].pending:
+            for batch, _ in self._queues[stream_pk].pending:
                 records += batch.count
                 if records >= threshold:
                     return True
@@ -244,10 +244,10 @@ class Appender:
             for stream_pk, group in groups:
                 for _, future in group:
                     _settle(future, exc)
-                lane = self._lanes.pop(stream_pk, None)
+                queue = self._queues.pop(stream_pk, None)
                 self._ready.pop(stream_pk, None)
-                while lane is not None and lane.pending:
-                    _settle(lane.pending.popleft()[1], exc)
+                while queue is not None and queue.pending:
+                    _settle(queue.pending.popleft()[1], exc)
             raise
         finally:
             metrics.observe_statement(requests, time.perf_counter() - started)
@@ -256,14 +256,14 @@ class Appender:
             self._tell_appending(followed, False)
             self._in_flight -= 1
             for stream_pk, _ in groups:
-                lane = self._lanes.get(stream_pk)
-                if lane is None:
+                queue = self._queues.get(stream_pk)
+                if queue is None:
                     continue
-                lane.busy = False
-                if lane.pending:
+                queue.busy = False
+                if queue.pending:
                     self._ready[stream_pk] = None
                 else:
-                    del self._lanes[stream_pk]
+                    del self._queues[stream_pk]
             self._dispatch()
 
     def _tell_appending(self, streams: list[int], underway: bool) -> None:

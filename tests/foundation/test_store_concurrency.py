@@ -1,6 +1,6 @@
 """Invariant 1 at the database: many processes' transactions racing on one stream row.
 
-Each Store has its own Appender (its own group-commit lanes), as separate server
+Each Store has its own Appender (its own group-commit queues), as separate server
 replicas would, so their transactions really contend for the row lock."""
 
 from __future__ import annotations

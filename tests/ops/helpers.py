@@ -57,15 +57,15 @@ async def mark_delivered(pool: asyncpg.Pool, ids: list[int]) -> None:
 
 async def mark_retrying(pool: asyncpg.Pool, tenant: str, error: str, delay: float) -> list[int]:
     """Claim the tenant's due heads as a dispatcher would and fail their first attempt."""
-    lanes = await outbox.claim(
+    claimed = await outbox.claim(
         pool, owner="ops-test", tenant=tenant, lease_seconds=30, max_streams=100, per_stream=1
     )
     ids = []
-    for lane in lanes.values():
+    for deliveries in claimed.values():
         await outbox.mark_retrying(
-            pool, lane[0].delivery_id, owner="ops-test", error=error, delay=delay
+            pool, deliveries[0].delivery_id, owner="ops-test", error=error, delay=delay
         )
-        ids.append(lane[0].delivery_id)
+        ids.append(deliveries[0].delivery_id)
     return ids
 
 

@@ -178,7 +178,7 @@ async def test_a_statement_that_fails_before_it_is_sent_answers_and_the_stream_g
     store: Store,
 ) -> None:
     """The whole statement ends in its first step (its arguments are refused): its
-    request gets the error, and the lane and the count of statements in flight are
+    request gets the error, and the stream queue and the count of statements in flight are
     left as they were, so the next append goes through."""
     ref = await make_stream(store)
     raw_separator = EncodedBatch(['"a\x1eb"'], [5], [None], None, "h")

@@ -192,7 +192,7 @@ async def test_a_caller_that_goes_away_does_not_cancel_its_group(
 ) -> None:
     ref = await make_stream(store)
     tasks = [asyncio.create_task(store.append(ref, encode_batch([i]))) for i in range(5)]
-    await asyncio.sleep(0)  # all five are queued in the stream's lane
+    await asyncio.sleep(0)  # all five are queued in the stream's queue
     tasks[2].cancel()
     done = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(done[2], asyncio.CancelledError)

@@ -235,7 +235,7 @@ async def test_a_lost_connection_fails_only_the_groups_of_its_statement(
     assert [(r.first_sequence, r.last_sequence) for r in again] == [(1, 1)] * 3
     for ref in refs:
         assert await stored_log(pool, ref) == {1: '"again"'}
-    assert appender._in_flight == 0 and not appender._ready and not appender._lanes
+    assert appender._in_flight == 0 and not appender._ready and not appender._queues
 
 
 async def test_a_group_whose_connection_failed_is_not_retried(pool: asyncpg.Pool) -> None:

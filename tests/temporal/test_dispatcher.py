@@ -143,10 +143,10 @@ async def test_expired_lease_is_taken_over(store: Store, pool: asyncpg.Pool) -> 
     await append_inputs(store, ref, [1, 2])
     # A dispatcher that claimed and then died: its lease blocks the stream until expiry.
     claimed_at = time.monotonic()
-    lanes = await outbox.claim(
+    claimed = await outbox.claim(
         pool, owner="ghost", tenant=tenant, lease_seconds=0.5, max_streams=10, per_stream=10
     )
-    assert [d.event.sequence for d in lanes[ref.stream_pk]] == [1, 2]
+    assert [d.event.sequence for d in claimed[ref.stream_pk]] == [1, 2]
     wait = RecordingWaitService()
     survivor = Dispatcher(pool, wait, tenant=tenant, owner="survivor", config=FAST)
     assert await survivor.run_once() == 0

@@ -100,7 +100,7 @@ async def test_sigkilled_dispatcher_is_taken_over_without_loss_or_repeat(
 # have delivered every row the killed one held within this long of the kill.
 KILL_TAKEOVER_SECONDS = 3.0
 # Inputs per run of these two tests: waves of WAVE until the dispatcher to stop holds a
-# lease (lanes of 20 signals last long enough that it still holds it at the signal),
+# lease (claims of 20 signals last long enough that it still holds it at the signal),
 # then the rest after it.
 LONG_RUN = 150
 WAVE = 20

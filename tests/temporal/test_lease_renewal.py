@@ -199,10 +199,10 @@ async def test_renewal_extends_only_the_owners_live_leases(
     tenant = f"d-{uuid.uuid4().hex[:8]}"
     ref = await input_stream(store, tenant, "run-renew")
     await append_inputs(store, ref, [1, 2, 3])
-    lanes = await outbox.claim(
+    claimed = await outbox.claim(
         pool, owner="mine", tenant=tenant, lease_seconds=30, max_streams=10, per_stream=10
     )
-    ids = [d.delivery_id for d in lanes[ref.stream_pk]]
+    ids = [d.delivery_id for d in claimed[ref.stream_pk]]
     # One lapsed, one delivered, one live: only the live one is renewed.
     await pool.execute(
         "UPDATE workflow_streams.input_deliveries SET lease_expires_at = now() - interval '1 s'"
@@ -227,10 +227,10 @@ async def test_a_release_on_stop_wakes_the_other_dispatchers(
     tenant = f"d-{uuid.uuid4().hex[:8]}"
     ref = await input_stream(store, tenant, "run-release")
     await append_inputs(store, ref, [1, 2])
-    lanes = await outbox.claim(
+    claimed = await outbox.claim(
         pool, owner="leaving", tenant=tenant, lease_seconds=30, max_streams=10, per_stream=10
     )
-    ids = [d.delivery_id for d in lanes[ref.stream_pk]]
+    ids = [d.delivery_id for d in claimed[ref.stream_pk]]
     heard: list[str] = []
     listener = await asyncpg.connect(database_url)
     try:

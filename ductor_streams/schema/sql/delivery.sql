@@ -98,7 +98,7 @@ SELECT (SELECT count(*) FROM released) AS released,
 -- run out: a lapsed lease may already be another dispatcher's, and an owner whose
 -- renewals stopped has stopped sending before its leases lapse (it sends only within 80%
 -- of a lease after its last renewal began). Returns the renewed ids: a held id missing
--- from them is a lease lost, and its lane is never extended again. SKIP LOCKED: a row
+-- from them is a lease lost, and its claimed stream is never extended again. SKIP LOCKED: a row
 -- locked now is being recorded or given back by this owner (it is no longer held, so
 -- missing it means nothing) or claimed by another (then it is lost indeed); never wait
 -- for, or deadlock with, those statements. Rows found by primary key: O(held rows).
