@@ -15,7 +15,9 @@ back (which goes first alternates by run, so that a drifting machine hits both a
   start to the end, one client following the cursor: native pages of 1,000
   (``?cursor=&limit=1000``) against DS catch-up reads (``?offset=``, pages of up to 1,000).
 
-The ratio is DS / native, paired per run, median over the runs (target: DS within 15%).
+The ratio is DS / native, paired per run, median over the runs (target: DS within 15%),
+for throughput and for the server's CPU per append (or per record read): on a shared
+machine the second is the steadier.
 """
 
 from __future__ import annotations
@@ -35,7 +37,13 @@ from typing import Any
 import httpx
 
 from bench import wrk_loadgen
-from bench.environment import bench_token, isolated_database, postgres_server, service
+from bench.environment import (
+    bench_token,
+    isolated_database,
+    postgres_server,
+    process_cpu_seconds,
+    service,
+)
 from ductor_streams.schema.migrate import migrate
 
 API = "/api/workflow-streams"
@@ -60,8 +68,9 @@ def _create(client: httpx.Client, run_id: str) -> str:
 
 def appends(
     server: Any, headers: dict[str, str], kind: str, clients: int, args: argparse.Namespace
-) -> float:
-    """Appends/s of ``clients`` closed-loop clients on one fresh stream."""
+) -> tuple[float, float]:
+    """Appends/s of ``clients`` closed-loop clients on one fresh stream, and the server's
+    CPU microseconds per append."""
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     with httpx.Client(base_url=server.url, headers=headers, timeout=30) as client:
         stream_id = _create(client, run_id)
@@ -79,18 +88,20 @@ def appends(
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
         json.dump(spec, f)
         spec_path = f.name
+    cpu_before = process_cpu_seconds(server.process.pid)
     out = subprocess.run(
         [sys.executable, "-m", args.client, "--port", str(server.port), "--spec", spec_path],
         check=True,
         capture_output=True,
         text=True,
     )
+    cpu = process_cpu_seconds(server.process.pid) - cpu_before
     Path(spec_path).unlink(missing_ok=True)
     result = json.loads(out.stdout)
     bad = {k: v for k, v in result["statuses"].items() if not k.startswith("2")}
     if bad:
         raise RuntimeError(f"{kind} appends answered {bad}")
-    return float(result["per_second"])
+    return float(result["per_second"]), 1e6 * cpu / max(1, result["all_ok"])
 
 
 def filled_stream(server: Any, headers: dict[str, str], records: int) -> tuple[str, str]:
@@ -104,10 +115,14 @@ def filled_stream(server: Any, headers: dict[str, str], records: int) -> tuple[s
     return run_id, stream_id
 
 
-def read_all(server: Any, headers: dict[str, str], kind: str, run_id: str, stream: str) -> float:
-    """Records/s reading the whole stream from the start with one keep-alive client."""
+def read_all(
+    server: Any, headers: dict[str, str], kind: str, run_id: str, stream: str
+) -> tuple[float, float]:
+    """Records/s reading the whole stream from the start with one keep-alive client, and
+    the server's CPU microseconds per record."""
     count = 0
     with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
+        cpu_before = process_cpu_seconds(server.process.pid)
         started = time.perf_counter()
         if kind == "native":
             cursor = 0
@@ -134,7 +149,8 @@ def read_all(server: Any, headers: dict[str, str], kind: str, run_id: str, strea
                 if page.headers.get("stream-up-to-date") == "true":
                     break
         elapsed = time.perf_counter() - started
-    return count / elapsed
+        cpu = process_cpu_seconds(server.process.pid) - cpu_before
+    return count / elapsed, 1e6 * cpu / max(1, count)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -152,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     args.client = "bench.wrk_loadgen" if wrk_loadgen.available() else "bench.loadgen"
     print(f"load generator: {args.client}", file=sys.stderr, flush=True)
 
-    results: dict[str, dict[str, list[float]]] = {}
+    results: dict[str, dict[str, list[tuple[float, float]]]] = {}
     measures = [
         ("appends/s, 1 client", lambda s, h, k: appends(s, h, k, 1, args)),
         ("appends/s, 16 clients, 1 stream", lambda s, h, k: appends(s, h, k, 16, args)),
@@ -177,26 +193,38 @@ def main(argv: list[str] | None = None) -> int:
                     results.setdefault(name, {}).setdefault(kind, []).append(value)
     rows: list[dict[str, Any]] = []
     for name, by_kind in results.items():
-        pairs = [d / n for d, n in zip(by_kind["ds"], by_kind["native"], strict=True)]
+        native, ds = by_kind["native"], by_kind["ds"]
         rows.append(
             {
                 "measure": name,
-                "native": statistics.median(by_kind["native"]),
-                "ds": statistics.median(by_kind["ds"]),
-                "ratio": statistics.median(pairs),
-                "runs": len(pairs),
+                "native": statistics.median(n for n, _ in native),
+                "ds": statistics.median(d for d, _ in ds),
+                "ratio": statistics.median(d[0] / n[0] for d, n in zip(ds, native, strict=True)),
+                "native_cpu_us": statistics.median(c for _, c in native),
+                "ds_cpu_us": statistics.median(c for _, c in ds),
+                "cpu_ratio": statistics.median(
+                    d[1] / n[1] for d, n in zip(ds, native, strict=True)
+                ),
+                "runs": len(native),
             }
         )
-    header = f"{'measure':44} {'native':>12} {'DS':>12} {'DS/native':>10}"
+    header = (
+        f"{'measure':40} {'native':>9} {'DS':>9} {'DS/nat':>7} | "
+        f"{'cpu us nat':>10} {'cpu us DS':>9} {'DS/nat':>7}"
+    )
     print(header)
     print("-" * len(header))
     for r in rows:
         verdict = "within 15%" if r["ratio"] >= 0.85 else "MORE than 15% slower"
         print(
-            f"{r['measure']:44} {r['native']:>12,.0f} {r['ds']:>12,.0f} {r['ratio']:>10.2f}"
+            f"{r['measure']:40} {r['native']:>9,.0f} {r['ds']:>9,.0f} {r['ratio']:>7.2f} | "
+            f"{r['native_cpu_us']:>10.0f} {r['ds_cpu_us']:>9.0f} {r['cpu_ratio']:>7.2f}"
             f"  {verdict}"
         )
-    print(f"(medians over {args.runs} runs; ratio: DS / native paired per run, median)")
+    print(
+        f"(medians over {args.runs} runs; DS/nat: DS / native paired per run, median; cpu us:"
+        " the server's CPU per append, or per record read)"
+    )
     print(f"(load generator: {args.client})")
     if args.json:
         Path(args.json).write_text(json.dumps({"rows": rows, "runs": results}, indent=2))
