@@ -88,7 +88,7 @@ async def answer_records(
                 run_id,
                 stream_id,
                 # Called once the stream is resolved: nobody's body is read for nothing.
-                functools.partial(_read_body, headers, receive, MAX_APPEND_BODY),
+                functools.partial(read_body, headers, receive, MAX_APPEND_BODY),
                 _first_header(headers, b"idempotency-key"),
             )
         else:
@@ -135,7 +135,7 @@ async def _respond(
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit: int) -> Body:
+async def read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit: int) -> Body:
     """The whole request body, refused past ``limit`` bytes (as Litestar's Request.body)."""
     announced = _first_header(headers, b"content-length")
     if announced is not None:

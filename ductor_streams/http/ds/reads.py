@@ -34,7 +34,10 @@ CATCH_UP_CACHE = "private, max-age=60, stale-while-revalidate=300"
 T = TypeVar("T")
 
 
-async def _stream(request: Request, access_scope: str, method: str) -> tuple[Principal, StreamRef]:
+async def readable_stream(
+    request: Request, access_scope: str, method: str
+) -> tuple[Principal, StreamRef]:
+    """The caller and the stream, if the token has ``access_scope`` and may read it."""
     principal = request.authenticate(access_scope)
     ref = await resolve_stream(
         request.state.store, principal, request.run_id, request.stream_id, "read", method
@@ -44,7 +47,7 @@ async def _stream(request: Request, access_scope: str, method: str) -> tuple[Pri
 
 async def head(request: Request) -> Reply:
     """HEAD: the stream's media type, tail and closed state (metadata: no egress check)."""
-    _, ref = await _stream(request, "streams:read", "HEAD")
+    _, ref = await readable_stream(request, "streams:read", "HEAD")
     tail = await ds.head(request.state.store.pool, ref.stream_pk)
     headers = {
         "Content-Type": ref.definition.media_type,
@@ -65,7 +68,7 @@ async def read(request: Request) -> Reply:
     offset = parse_offset(given)
     if live is not None and given is None:
         raise InvalidInput("a live read needs an offset")
-    principal, ref = await _stream(request, "streams:read", "GET")
+    principal, ref = await readable_stream(request, "streams:read", "GET")
     settings = request.state.settings
     egress_check(principal, settings.region, ref)
     pool = request.state.store.pool

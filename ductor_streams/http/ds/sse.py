@@ -28,7 +28,7 @@ from ductor_streams.http.access import egress_check, redaction_for
 from ductor_streams.http.ds import media
 from ductor_streams.http.ds.front import Request, Send, response_start
 from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, response_cursor
-from ductor_streams.http.ds.reads import _stream, until_disconnect
+from ductor_streams.http.ds.reads import readable_stream, until_disconnect
 from ductor_streams.http.records_front import ClientGone
 from ductor_streams.http.routes_subscribe import followers_in
 from ductor_streams.live.events import End, LiveBatch
@@ -44,7 +44,7 @@ async def stream(request: Request, send: Send) -> None:
     if given is None:
         raise InvalidInput("a live read needs an offset")
     offset = parse_offset(given)
-    principal, ref = await _stream(request, "streams:read", "GET")
+    principal, ref = await readable_stream(request, "streams:read", "GET")
     state = request.state
     egress_check(principal, state.settings.region, ref)
     redaction = redaction_for(principal, ref)

@@ -40,7 +40,7 @@ from ductor_streams.http.ds.front import (
     require_admin,
 )
 from ductor_streams.http.ds.offsets import format_offset
-from ductor_streams.http.records_front import _read_body
+from ductor_streams.http.records_front import read_body
 from ductor_streams.store import StreamKey, StreamRef, ds
 from ductor_streams.store.ds import WriteOutcome, WriterHeaders
 
@@ -60,7 +60,7 @@ def _flag(request: Request, name: str) -> bool:
 
 async def _body(request: Request) -> bytes:
     return bytes(
-        await _read_body(request.scope["headers"], request.receive, MAX_BODY)  # type: ignore[arg-type]
+        await read_body(request.scope["headers"], request.receive, MAX_BODY)  # type: ignore[arg-type]
     )
 
 
