@@ -31,6 +31,7 @@ from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, res
 from ductor_streams.http.ds.reads import readable_stream, until_disconnect
 from ductor_streams.http.records_front import ClientGone
 from ductor_streams.http.routes_subscribe import followers_in
+from ductor_streams.http.sse_response import StallGuard, connection_abort, pieces
 from ductor_streams.live.events import End, LiveBatch
 from ductor_streams.store import ds
 
@@ -65,6 +66,21 @@ async def stream(request: Request, send: Send) -> None:
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + _lifetime(request, state.settings.ds_sse_seconds)
     keepalive = followers.settings.keepalive_seconds
+    # As native SSE: a client that accepts no data for stall_seconds is cut, and large
+    # frames go out in pieces (a slow reader holds one in the server's send buffer).
+    abort = connection_abort(request.scope)
+    guard = StallGuard(abort, followers.settings.stall_seconds) if abort is not None else None
+    chunk = followers.settings.write_chunk
+
+    async def write(frames: bytes) -> None:
+        for piece in pieces((frames,), chunk):
+            stall = guard.arm() if guard is not None else None
+            try:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+            finally:
+                if stall is not None:
+                    stall.cancel()
+
     metrics.SUBSCRIBERS.inc()
     try:
         await send(response_start(200, headers, None))
@@ -72,7 +88,7 @@ async def stream(request: Request, send: Send) -> None:
         item = await until_disconnect(request.receive, subscription.next(0))
         if item is None:
             # At the tail: say so at once (upToDate), then wait.
-            await _write(send, _control(last, client_cursor, up_to_date=True, closed=False))
+            await write(_control(last, client_cursor, up_to_date=True, closed=False))
         while True:
             if isinstance(item, list):
                 records = [r for batch in item for r in batch.records]
@@ -83,11 +99,11 @@ async def stream(request: Request, send: Send) -> None:
                 closed = at_tail and final.closed
                 frames = _data(mode, records, redaction) if records else b""
                 frames += _control(last, client_cursor, up_to_date=at_tail, closed=closed)
-                await _write(send, frames)
+                await write(frames)
                 if closed:
                     break
             elif isinstance(item, End):
-                await _write(send, _control(last, client_cursor, up_to_date=True, closed=True))
+                await write(_control(last, client_cursor, up_to_date=True, closed=True))
                 break
             elif item is not None:
                 break  # expired, gone, draining, token expired, database away
@@ -100,7 +116,7 @@ async def stream(request: Request, send: Send) -> None:
             if item is None:
                 if loop.time() >= ends_at:
                     break
-                await _write(send, _control(last, client_cursor, up_to_date=True, closed=False))
+                await write(_control(last, client_cursor, up_to_date=True, closed=False))
         await send({"type": "http.response.body", "body": b"", "more_body": False})
     except ClientGone:
         pass
@@ -119,10 +135,6 @@ def _lifetime(request: Request, seconds: float) -> float:
     if isinstance(exp, int | float) and not isinstance(exp, bool):
         return max(0.0, min(seconds, float(exp) - time.time()))
     return seconds
-
-
-async def _write(send: Send, frames: bytes) -> None:
-    await send({"type": "http.response.body", "body": frames, "more_body": True})
 
 
 def _data(mode: media.Mode, records: list, redaction: list[str]) -> bytes:  # type: ignore[type-arg]
