@@ -10,6 +10,8 @@ stream, ``streamClosed``, after which the response ends. Every data line is pref
 event. The response also ends after ``ds_sse_seconds`` (the client reconnects from its
 last ``streamNextOffset``), when the token expires, when the server shuts down, and when
 retention overtakes the reader: DS has no error event, so its reconnect gets the 410.
+As in native SSE, a client that accepts no data for ``sse_stall_seconds`` is cut, and
+large frames are written in pieces.
 """
 
 from __future__ import annotations
