@@ -75,7 +75,10 @@ class Request:
         REQUEST_ID.set(self.request_id)
         self.span: Any = None
         if tracing.ENABLED:
-            self.span = _start_span(scope, self.method)
+            parent = tracing.request_context(scope["headers"])
+            attributes = tracing.sample_request(parent)
+            if attributes is not None:
+                self.span = _start_span(parent, self.method, attributes)
 
     def end(self, route: str, status: int | None = None) -> None:
         """The request is answered (``status``, or what ``observed_send`` saw)."""
@@ -120,15 +123,13 @@ class Request:
         return send_tagged
 
 
-def _start_span(scope: MutableMapping[str, Any], method: str) -> Any:
+def _start_span(parent: Any, method: str, attributes: dict[str, Any]) -> Any:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
 
+    attributes["http.request.method"] = method
     span = tracing.tracer().start_span(
-        method,
-        context=tracing.request_context(scope["headers"]),
-        kind=trace.SpanKind.SERVER,
-        attributes={"http.request.method": method},
+        method, context=parent, kind=trace.SpanKind.SERVER, attributes=attributes
     )
     # Current for the rest of the request's task (appends store it with their input
     # deliveries; log lines carry its IDs). The task ends with the request, and its

@@ -46,6 +46,7 @@ from datetime import datetime
 from typing import Any, Protocol
 
 import asyncpg
+from opentelemetry import trace
 
 from ductor_streams import metrics, tracing
 from ductor_streams.errors import (
@@ -424,6 +425,10 @@ def _statement_span(groups: list[tuple[int, list[Item]]], requests: int) -> Any:
     """The span of one append statement: a child of its first traced request's span,
     linked to the others' (a statement carries many requests, of many traces)."""
     traces = [batch.trace for _, group in groups for batch, _ in group if batch.trace]
+    if not traces and not trace.get_current_span().is_recording():
+        # No sampled request in it (most, at a low sampling ratio), nor a traced caller
+        # (an activity under a traced span): no span, not even an unsampled one.
+        return None
     return tracing.tracer().start_span(
         "append statement",
         context=tracing.context_of(traces[0]) if traces else None,
