@@ -14,6 +14,7 @@ from ductor_streams import metrics
 from ductor_streams.config import Settings
 from ductor_streams.http import (
     health,
+    routes_browse,
     routes_consumers,
     routes_metrics,
     routes_objects,
@@ -39,6 +40,7 @@ from ductor_streams.store.db import create_pool
 # Each edge module contributes its route handlers here; all of them are guarded.
 API_ROUTES: list[Any] = [
     *routes_streams.ROUTES,
+    *routes_browse.ROUTES,
     *routes_records.ROUTES,
     *routes_consumers.ROUTES,
     *routes_subscribe.ROUTES,

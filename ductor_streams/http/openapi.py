@@ -39,6 +39,7 @@ from ductor_streams.http.routes_streams import LegalHoldBody
 from ductor_streams.names import API_MOUNT
 from ductor_streams.objects.models import MAX_OBJECT_BYTES, MEDIA_TYPE_PATTERN
 from ductor_streams.ops.filters import MAX_AGE_SECONDS
+from ductor_streams.store.browse import PAGE_PATTERN as STREAM_PAGE_PATTERN
 from ductor_streams.store.encoding import MAX_BATCH_RECORDS
 
 MOUNT = API_MOUNT
@@ -198,6 +199,41 @@ SUMMARY = _obj(
     }
 )
 _NEXT_PAGE = {"type": ["string", "null"]}
+_CEILING = {"type": ["integer", "null"], "minimum": 0}
+STREAM_LISTING = _obj(
+    {
+        "run_id": _STR,
+        "stream_id": _STR,
+        "direction": {"enum": ["input", "output"]},
+        "content_class": _STR,
+        "latest_sequence": _INT,
+        "earliest_sequence": _INT,
+        "total_items": _INT,
+        "total_bytes": _INT,
+        "unread_items": _INT,
+        "unread_bytes": _INT,
+        "credit": _obj(
+            {
+                "max_unread_items": _CEILING,
+                "max_unread_bytes": _CEILING,
+                "max_total_items": _CEILING,
+                "max_total_bytes": _CEILING,
+            }
+        ),
+        "closed": {"type": "boolean"},
+        "closed_at": _TIME_OR_NULL,
+        "legal_hold": {"type": "boolean"},
+        "created_at": _TIME,
+        "last_append_at": _TIME_OR_NULL,
+        "activity_at": _TIME,
+    }
+)
+STREAM_PAGE = _obj(
+    {
+        "streams": {"type": "array", "items": {"$ref": REF.format(name="StreamListing")}},
+        "next_page": _NEXT_PAGE,
+    }
+)
 SSE_DESCRIPTION = (
     "Server-Sent Events. `record` events carry one record each (`data`: a StreamRecord,"
     " `id`: its sequence); `: keepalive` comments come while nothing happens; the response"
@@ -314,6 +350,7 @@ _UPLOADED_LINKS = {
 _CURSOR = {"type": "integer", "minimum": 0, "maximum": 2**62}
 _LIMIT = {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT}
 _PAGE = {"type": "string", "pattern": "^[0-9]{1,18}$"}
+_STREAM_PAGE_TOKEN = {"type": "string", "pattern": STREAM_PAGE_PATTERN}
 _RUN = {"type": "string", "pattern": RUN_ID_PATTERN}
 _STREAM = {"type": "string", "pattern": STREAM_ID_PATTERN}
 _SEQUENCES = _obj({"first_sequence": _INT, "last_sequence": _INT})
@@ -343,6 +380,24 @@ OPERATIONS: dict[tuple[str, str], OperationDoc] = {
             {"422": ["invalid_definition", "content_class_forbidden", "placement_mismatch"]},
         ),
         links=_STREAM_LINKS,
+    ),
+    ("get", "/streams"): OperationDoc(
+        "listStreams",
+        query={
+            "run_prefix": _RUN,
+            "direction": {"enum": ["input", "output"]},
+            "closed": {"type": "boolean"},
+            "limit": _LIMIT,
+            "page": _STREAM_PAGE_TOKEN,
+        },
+        answers={"200": STREAM_PAGE},
+        errors=_errors({"400": ["invalid_filter", "invalid_limit", "invalid_page"]}),
+    ),
+    ("get", "/runs/{run_id}/streams"): OperationDoc(
+        "listRunStreams",
+        query={"limit": _LIMIT, "page": _STREAM_PAGE_TOKEN},
+        answers={"200": STREAM_PAGE},
+        errors=_errors(_IN_RUN, {"400": ["invalid_filter", "invalid_limit", "invalid_page"]}),
     ),
     ("get", "/runs/{run_id}/streams/{stream_id}"): OperationDoc(
         "getStream", answers={"200": STREAM_VIEW}, errors=_errors(_IN_RUN)
@@ -596,6 +651,7 @@ def _components() -> dict[str, Any]:
         "StreamDefinition": definition,
         "StreamState": STATE,
         "StreamRecord": RECORD,
+        "StreamListing": STREAM_LISTING,
         "Delivery": DELIVERY,
         "SseEnd": _obj({"last_sequence": _INT}),
         "SseReconnect": _obj({"reason": {"enum": ["server_shutdown", "token_expired"]}}),

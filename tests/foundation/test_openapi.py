@@ -69,7 +69,7 @@ async def test_405_carries_allow_on_litestar_and_records_front_paths(client, aut
     h = auth()
     await create(client, h, run_id)
     for path, allowed in (
-        (stream_url(run_id), {"POST"}),
+        (stream_url(run_id), {"GET", "POST"}),
         (stream_url(run_id, "s"), {"GET"}),
         (stream_url(run_id, "s", "/records"), {"GET", "POST"}),
         (stream_url(run_id, "s", "/close"), {"POST"}),

@@ -175,6 +175,8 @@ async def _deliveries(world: World) -> Sample:
 # (method, path below the mount with parameters as {}) -> a valid request.
 SAMPLES: dict[tuple[str, str], SampleFactory] = {
     ("POST", "/runs/{}/streams"): _create,
+    ("GET", "/runs/{}/streams"): _none,
+    ("GET", "/streams"): _none,
     ("GET", "/runs/{}/streams/{}"): _none,
     ("POST", "/runs/{}/streams/{}/close"): _none,
     ("PUT", "/runs/{}/streams/{}/legal-hold"): _hold,
