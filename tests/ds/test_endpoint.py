@@ -435,3 +435,43 @@ async def test_large_json_bodies_are_decoded_off_the_event_loop(ds: Ds) -> None:
     assert r.status_code == 413 and r.json()["code"] == "record_too_large"
     head = await ds.http.head(ds.url("big"), headers=ds.headers)
     assert head.headers["stream-next-offset"] == "00000000000000001000"  # nothing more
+
+
+async def test_create_with_body_and_close_is_one_transaction(ds: Ds) -> None:
+    # A refused body creates nothing at all.
+    bad = await ds.http.put(ds.url("once"), headers=_json(ds.headers), content=b"[1,")
+    assert bad.status_code == 400 and bad.json()["code"] == "invalid_body"
+    big = await ds.http.put(
+        ds.url("once"), headers=_json(ds.headers), content=msgspec.json.encode(["z" * 70_000])
+    )
+    assert big.status_code == 413
+    assert (await ds.http.head(ds.url("once"), headers=ds.headers)).status_code == 404
+    # Records and the closed state arrive together.
+    closed = {**_json(ds.headers), "Stream-Closed": "true"}
+    r = await ds.http.put(ds.url("once"), headers=closed, content=b'[{"final":true},2]')
+    assert r.status_code == 201
+    assert r.headers["stream-closed"] == "true"
+    assert r.headers["stream-next-offset"] == "00000000000000000002"
+    state = (await ds.http.get(ds.native("/streams/once"), headers=ds.headers)).json()["state"]
+    assert state["closed"] is True and state["latest_sequence"] == 2
+    assert [rec["payload"] for rec in await _read_native(ds, "once")] == [{"final": True}, 2]
+    # Again with the same closed state: 200; without it: 409.
+    assert (await ds.http.put(ds.url("once"), headers=closed)).status_code == 200
+    again = await ds.http.put(ds.url("once"), headers=_json(ds.headers))
+    assert again.status_code == 409 and again.json()["code"] == "definition_conflict"
+    other_type = {**ds.headers, "Content-Type": "text/plain", "Stream-Closed": "true"}
+    assert (await ds.http.put(ds.url("once"), headers=other_type)).status_code == 409
+
+
+async def test_a_refused_append_and_close_neither_appends_nor_closes(ds: Ds) -> None:
+    await _create_native(ds, "full", consumers=["ui"], credit={"max_unread_items": 1})
+    await _append_native(ds, "full", [1])
+    closing = {**_json(ds.headers), "Stream-Closed": "true"}
+    r = await ds.http.post(ds.url("full"), headers=closing, content=b"[2]")
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    head = await ds.http.head(ds.url("full"), headers=ds.headers)
+    assert "stream-closed" not in head.headers
+    assert head.headers["stream-next-offset"] == "00000000000000000001"
+    # Close-only needs no credit.
+    r = await ds.http.post(ds.url("full"), headers=closing)
+    assert r.status_code == 204 and r.headers["stream-closed"] == "true"
