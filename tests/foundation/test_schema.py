@@ -10,8 +10,8 @@ import sys
 import asyncpg
 
 from ductor_streams.schema import QUERIES
-from ductor_streams.schema.current import REGENERATE, SCHEMA_FILE, dump_database, server_major
 from ductor_streams.schema.migrate import applied_versions, available_migrations, migrate
+from tests.support.schema_dump import REGENERATE, SCHEMA_FILE, dump_database, server_major
 from tests.support.server import settings_env
 
 SPEC_TABLES = {

@@ -11,9 +11,9 @@ import asyncio
 import tempfile
 from pathlib import Path
 
-from ductor_streams.schema.current import SCHEMA_FILE, dump_database
 from ductor_streams.schema.migrate import migrate
 from tests.support.postgres import start_test_database
+from tests.support.schema_dump import SCHEMA_FILE, dump_database
 
 
 async def _migrated_schema(dsn: str) -> str:

@@ -1,5 +1,9 @@
 """The current schema as one SQL file, read back from a migrated database's catalog.
 
+A development tool (``make schema`` and the schema test use it), kept out of the
+``ductor_streams`` package: it writes DDL text from catalog names, which the runtime
+never does (tests/security/test_sql_injection.py holds the package to constant SQL).
+
 ``schema/schema.sql`` is this module's output for a database that has run every
 migration: each table, constraint, index, view, trigger and function of the
 ``workflow_streams`` schema, functions with their current bodies. It is generated, never
@@ -22,7 +26,7 @@ from pathlib import Path
 import asyncpg
 
 SCHEMA = "workflow_streams"
-SCHEMA_FILE = Path(__file__).with_name("schema.sql")
+SCHEMA_FILE = Path(__file__).resolve().parents[2] / "ductor_streams" / "schema" / "schema.sql"
 REGENERATE = "make schema"
 
 HEADER = f"""\
@@ -185,7 +189,8 @@ async def dump_schema(conn: asyncpg.Connection) -> str:
     """The ``workflow_streams`` schema of ``conn``'s database as deterministic SQL text."""
     uncovered = [r[0] for r in await conn.fetch(_UNCOVERED, SCHEMA)]
     if uncovered:
-        raise RuntimeError("schema/current.py does not know how to write: " + ", ".join(uncovered))
+        unknown = ", ".join(uncovered)
+        raise RuntimeError(f"tests/support/schema_dump.py does not know how to write: {unknown}")
     major = int(await conn.fetchval("SHOW server_version_num")) // 10000
     sections: list[str] = [
         HEADER + "\n" + SERVER_LINE.format(major=major),
