@@ -12,6 +12,7 @@ and the ``append statement`` span under the POST, the ``delivery claim`` linked 
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import secrets
 import subprocess
@@ -283,8 +284,9 @@ async def test_one_trace_across_serve_workers_and_the_temporal_worker_over_otlp(
             task_queue=task_queue,
             result_type=CollectResult,
         )
-        serve_env = _otel_env(receiver, "test-serve")
-        with ServerProcess(wf_settings, extra_env=serve_env, log_path=tmp_path / "s.log") as srv:
+        serve_env = {**_otel_env(receiver, "test-serve"), "DUCTOR_STREAMS_ACCESS_LOG": "true"}
+        serve_log = tmp_path / "s.log"
+        with ServerProcess(wf_settings, extra_env=serve_env, log_path=serve_log) as srv:
             headers = auth(tenant=wf_settings.tenant, runs=[run_id])
             async with httpx.AsyncClient(base_url=srv.url, headers=headers, timeout=10) as http:
                 await _append_traced(
@@ -308,6 +310,13 @@ async def test_one_trace_across_serve_workers_and_the_temporal_worker_over_otlp(
             what="spans of the three processes",
         )
         chain = _check_chain(found, trace_id, client_span)
+        # The POST's access line carries its request ID and its server span's IDs.
+        lines = [
+            json.loads(line) for line in (await asyncio.to_thread(serve_log.read_text)).splitlines()
+        ]
+        (access,) = [line for line in lines if line.get("request_id") == "req-otlp"]
+        assert access["logger"] == "uvicorn.access"
+        assert (access["trace_id"], access["span_id"]) == (trace_id, chain["post"].span_id)
         assert chain["post"].service == "test-serve"
         assert chain["signal"].service == chain["client"].service == "test-workers"
         assert chain["handle"].service == "test-temporal-worker"
