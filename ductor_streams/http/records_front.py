@@ -168,8 +168,8 @@ async def _read_mapped(receive: Receive, length: int) -> memoryview:
     map as it arrives. Joining 80 MiB of chunks at the end would be one copy of ~50 ms
     (page faults included) that holds the event loop; here the map's pages are touched
     a chunk at a time."""
-    # Private: a shared anonymous map (mmap's default) is shmem, twice as slow to fill
-    # and to free (measured: freeing 80 MiB took ~25 ms against ~8 ms).
+    # Private: a shared anonymous map (mmap's default) is shmem, about twice as slow to
+    # fill and to free.
     view = memoryview(mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE))
     received = 0
     while True:

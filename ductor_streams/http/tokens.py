@@ -1,7 +1,7 @@
 """Verified bearer tokens, remembered until they expire.
 
 HS256 verification through PyJWT was the largest single cost of an append request
-(about 17% of the server's CPU with 16 clients, py-spy). A token is immutable and its
+(docs/speed.md, "Token cache"). A token is immutable and its
 verdict depends only on the secret and the clock, so a token that verified once is
 taken as verified again until its ``exp``, for the same secret. Failures are never
 remembered: a bad token is checked (and refused) every time.

@@ -150,8 +150,7 @@ class Followers:
 
         With more than ``FEED_MAX_SUBSCRIBERS`` the follower reads instead: a fan-out
         that long is CPU-bound, and the records committed during a read go out together
-        (measured at 1,000 subscribers and 200 appends/s: p50 30-33 ms with reads
-        against 41-43 ms fed; at 100 subscribers fed wins, 1.97-2.22 ms against 2.1-2.7).
+        (the measurement that set the bound: bench/README.md, History).
         """
         follower = self._followers.get(stream_pk)
         return follower is not None and follower.subscriber_count <= FEED_MAX_SUBSCRIBERS

@@ -4,7 +4,7 @@
 callback and task already queued. When one turn of the loop has parsed 16 requests,
 uvicorn has queued 16 request tasks; the appender's statement task, created by the
 first of them, then waits for the other 15 to be authenticated and queued before its
-statement is sent, while Postgres idles (docs/credit.md). ``start_now`` runs the
+statement is sent, while Postgres idles (docs/speed.md). ``start_now`` runs the
 coroutine at once up to its first wait (the statement is on the wire by then) and lets
 a task drive the rest, as Python 3.12's eager tasks do (``eager_start``, which this
 project cannot rely on: it supports 3.11).

@@ -2,7 +2,7 @@
 
 Every ``pool.fetch`` acquires a connection and releases it, and asyncpg's release runs
 in a task of its own (``asyncio.shield``) with a reset and a re-armed idle timer: about
-a tenth of the server's CPU per append with one client (docs/credit.md). While append
+a tenth of the server's CPU per append with one client (docs/speed.md). While append
 statements follow each other, ``HeldConnection`` keeps the last one's connection and
 hands it to the next; once none has come for ``idle_seconds`` it goes back to the pool.
 So nothing is held for long: a pool being closed waits at most that long for it.

@@ -2,8 +2,7 @@
 
 A NOTIFY inside the append transaction makes Postgres hold its database-wide notify
 lock through that commit's WAL flush, which serialises commits across ALL streams
-(measured: 16 connections over 16 streams, ~1,900-2,100 appends/s with it against
-~4,100-4,200/s with this scheme and ~4,400-4,700/s with no NOTIFY at all; docs/credit.md).
+(what this buys: docs/speed.md, "Wakes after commit").
 So the append transaction carries no NOTIFY; once it has committed, the appender calls
 ``announce``. While one announcing statement is in flight, further wakes (any stream)
 gather and go together in the next one, on the same connection (store/held.py).

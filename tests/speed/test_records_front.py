@@ -192,3 +192,35 @@ async def test_the_front_answers_every_records_request_as_litestar_does(
         statuses = [status for status, _, _ in answers["front"]]
         # The cases reach every branch they are meant to (no silent all-404s).
         assert {201, 200, 400, 401, 403, 404, 409, 413, 429, 431} <= set(statuses), statuses
+
+
+async def test_the_litestar_record_handlers_answer_what_the_front_does_not_match(
+    settings: Settings, auth: TokenFactory, run_id: str, monkeypatch: Any
+) -> None:
+    """The Litestar handlers are the fallback for records requests the front leaves
+    alone (a trailing slash; docs/speed.md): they append and read as the front does."""
+    import ductor_streams.http.app as app_module
+
+    async def front_must_not_answer(*args: Any, **kwargs: Any) -> int:
+        raise AssertionError("the records front answered a request it must leave alone")
+
+    app = create_app(settings.with_overrides(pool_max_size=5))
+    async with app.lifespan(), _client(app) as client:
+        h = auth()
+        stream_id = unique()
+        created = await client.post(
+            f"{API}/runs/{run_id}/streams",
+            json={"stream_id": stream_id, "direction": "output"},
+            headers=h,
+        )
+        assert created.status_code == 201, created.text
+        monkeypatch.setattr(app_module, "answer_records", front_must_not_answer)
+        base = f"{API}/runs/{run_id}/streams/{stream_id}/records/"
+        appended = await client.post(base, json={"records": [{"payload": {"n": 1}}]}, headers=h)
+        assert appended.status_code == 201, appended.text
+        assert appended.json() == {"first_sequence": 1, "last_sequence": 1}
+        read = await client.get(base + "?cursor=0", headers=h)
+        assert read.status_code == 200, read.text
+        assert [(r["sequence"], r["payload"]) for r in read.json()["records"]] == [(1, {"n": 1})]
+        refused = await client.get(base + "?cursor=5", headers=h)
+        assert refused.status_code == 400 and refused.json()["code"] == "cursor_in_future"
