@@ -200,7 +200,6 @@ async def _serve(settings: Settings, port: int, temporal_ui: str | None) -> None
     import uvicorn
 
     from ductor_streams.http import create_app
-    from ductor_streams.http.protocol import HeadHoldingHttpToolsProtocol
     from ductor_streams.schema.migrate import migrate
     from ductor_streams.temporal_connection import connect_config
     from ductor_streams.workers import worker_services
@@ -216,7 +215,7 @@ async def _serve(settings: Settings, port: int, temporal_ui: str | None) -> None
             host="127.0.0.1",
             port=port,
             loop="asyncio",
-            http=HeadHoldingHttpToolsProtocol,  # as `serve` (serve.py)
+            http="httptools",
             log_config=None,  # JSON lines through the root handler, as `serve`
             log_level="warning",
             access_log=False,

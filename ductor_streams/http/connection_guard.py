@@ -30,8 +30,11 @@ import resource
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
+# uvicorn's httptools protocol is not a public API: pyproject.toml bounds uvicorn and
+# tests/foundation/test_private_apis.py names what this subclass relies on.
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
 from ductor_streams import metrics
-from ductor_streams.http.protocol import HeadHoldingHttpToolsProtocol
 
 # The scope extension that lets the app act on the request's connection:
 # ``scope["extensions"][CONNECTION_EXTENSION]["abort"]()`` cuts it.
@@ -108,7 +111,7 @@ TOO_MANY_CONNECTIONS = _problem(
 )
 
 
-class GuardedHttpToolsProtocol(HeadHoldingHttpToolsProtocol):
+class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """The server's protocol with the limits above. Made per server by ``guarded``."""
 
     limits: ClassVar[ConnectionLimits]
