@@ -1,0 +1,105 @@
+"""The parts of uvicorn, Litestar, asyncio and google-cloud-storage this code leans on
+that are not their public API (docs/speed.md lists why each is used). pyproject.toml
+bounds those packages from above; when a new release moves one of these, this test says
+which one and where it is used, instead of a server that fails at its first request."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+
+import pytest
+
+
+def _has(owner: object, *names: str) -> list[str]:
+    return [name for name in names if not hasattr(owner, name)]
+
+
+def test_uvicorn_httptools_protocol() -> None:
+    # http/connection_guard.py subclasses it and overrides these; it reads
+    # self.transport, self.loop and self.scope.
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    missing = _has(
+        HttpToolsProtocol,
+        "connection_made",
+        "connection_lost",
+        "data_received",
+        "on_message_begin",
+        "on_headers_complete",
+        "on_message_complete",
+        "on_response_complete",
+    )
+    assert not missing, (
+        f"uvicorn's HttpToolsProtocol lost {missing}: http/connection_guard.py "
+        "overrides them (docs/security.md, 'Connections')"
+    )
+    source = inspect.getsource(HttpToolsProtocol)
+    for attribute in ("self.transport", "self.loop", "self.scope"):
+        assert attribute in source, (
+            f"uvicorn's HttpToolsProtocol no longer sets {attribute}, which "
+            "http/connection_guard.py uses"
+        )
+
+
+def test_uvicorn_server_shutdown() -> None:
+    # serve.py's DrainingServer overrides shutdown(sockets) and closes self.servers.
+    import uvicorn
+
+    parameters = inspect.signature(uvicorn.Server.shutdown).parameters
+    assert "sockets" in parameters, "uvicorn.Server.shutdown lost its sockets parameter"
+    assert "self.servers" in inspect.getsource(uvicorn.Server), (
+        "uvicorn.Server no longer keeps its listeners in self.servers (serve.py closes them first)"
+    )
+
+
+def test_litestar_streaming_response_and_schema_router() -> None:
+    # http/sse_response.py subclasses ASGIStreamingResponse; http/openapi.py replaces
+    # the handler Litestar registers for unknown schema paths, by its name; http/problems.py
+    # reads the Allow header from the 405 exception Litestar's router raises.
+    from litestar.response.streaming import ASGIStreamingResponse
+
+    assert _has(ASGIStreamingResponse, "_stream", "send_body") == [], (
+        "Litestar's ASGIStreamingResponse lost _stream or send_body: http/sse_response.py "
+        "overrides _stream "
+        "(docs/speed.md, 'Direct SSE writes')"
+    )
+    import litestar._openapi.plugin as openapi_plugin
+
+    assert "handle_schema_path_not_found" in inspect.getsource(openapi_plugin), (
+        "Litestar no longer names its unknown-schema-path handler "
+        "handle_schema_path_not_found: http/openapi.py SchemaRouter replaces it by that name"
+    )
+    import litestar._asgi.routing_trie.traversal as traversal
+
+    assert '"allow"' in inspect.getsource(traversal), (
+        "Litestar's router no longer puts the allowed methods in the 405 exception's "
+        "'allow' header: http/problems.py copies it into the Allow header"
+    )
+
+
+def test_asyncio_future_blocking_protocol() -> None:
+    # store/eager.py and http/sse_response.py drive a coroutine by hand and clear the
+    # mark a yielded future carries, as asyncio.Task does.
+    loop = asyncio.new_event_loop()
+    try:
+        future = loop.create_future()
+        assert hasattr(future, "_asyncio_future_blocking"), (
+            "asyncio futures lost _asyncio_future_blocking: store/eager.py and "
+            "http/sse_response.py rely on it (docs/speed.md, 'Eager statement start')"
+        )
+        future.cancel()
+    finally:
+        loop.close()
+
+
+def test_google_cloud_storage_calls() -> None:
+    # objects/gcs.py: resumable uploads through Blob.open("wb"), reads through
+    # Blob.open("rb"), server-side copies, listings and V4 signed URLs.
+    storage = pytest.importorskip("google.cloud.storage")
+    missing = _has(storage.Blob, "open", "generate_signed_url", "delete", "reload")
+    missing += _has(storage.Bucket, "blob", "copy_blob")
+    missing += _has(storage.Client, "list_blobs", "bucket")
+    assert not missing, f"google-cloud-storage lost {missing}, which objects/gcs.py calls"
+    parameters = inspect.signature(storage.Blob.open).parameters
+    assert "chunk_size" in parameters, "Blob.open lost chunk_size (objects/gcs.py sets it)"
