@@ -23,7 +23,7 @@ import temporalio.worker
 from temporalio.contrib.opentelemetry import TracingInterceptor, TracingWorkflowInboundInterceptor
 
 from ductor_streams import tracing
-from ductor_streams.names import INPUT_SIGNAL
+from ductor_streams.signals import INPUT_SIGNAL
 
 
 class _InputSignalTracing(TracingWorkflowInboundInterceptor):

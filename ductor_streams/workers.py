@@ -7,7 +7,7 @@ resources; they start after the store and stop before it.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any
 
 from ductor_streams.config import Settings
@@ -43,8 +43,3 @@ def worker_services(settings: Settings) -> list[WorkerFactory]:
             " (DUCTOR_STREAMS_TEMPORAL_ADDRESS, TEMPORAL_ADDRESS or a TEMPORAL_PROFILE)"
         )
     return services
-
-
-@contextlib.asynccontextmanager
-async def nothing(_app: Any) -> AsyncIterator[None]:
-    yield

@@ -3,11 +3,23 @@
 ``StreamsActivities`` holds the activities (create, append, close, ack, read); the
 ``StreamsPlugin`` registers them. ``error_types`` names every ApplicationError type they
 raise; ``models`` holds their inputs and results (sandbox-safe dataclasses).
+
+Workflow code imports ``error_types`` and ``models`` inside Temporal's sandbox
+(``plugin/workflow.py``), where this package is passed through: importing the package
+must therefore not load the store, asyncpg or anything else of the activities' own side.
+Those load on first use of ``StreamsActivities``, ``domain_errors`` or
+``to_application_error`` (``tests/foundation/test_imports.py`` checks it).
 """
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from ductor_streams.activities import error_types, models
-from ductor_streams.activities.errors import domain_errors, to_application_error
-from ductor_streams.activities.streams import StreamsActivities
+
+if TYPE_CHECKING:
+    from ductor_streams.activities.errors import domain_errors, to_application_error
+    from ductor_streams.activities.streams import StreamsActivities
 
 __all__ = [
     "StreamsActivities",
@@ -16,3 +28,20 @@ __all__ = [
     "models",
     "to_application_error",
 ]
+
+_LAZY = {
+    "StreamsActivities": "ductor_streams.activities.streams",
+    "domain_errors": "ductor_streams.activities.errors",
+    "to_application_error": "ductor_streams.activities.errors",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

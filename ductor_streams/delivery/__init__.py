@@ -14,7 +14,7 @@ from ductor_streams.delivery.wait_service import (
     WaitService,
     event_id,
 )
-from ductor_streams.names import INPUT_SIGNAL
+from ductor_streams.signals import INPUT_SIGNAL, InputSignal
 
 __all__ = [
     "INPUT_SIGNAL",
@@ -22,6 +22,7 @@ __all__ = [
     "Dispatcher",
     "DispatcherConfig",
     "InputEvent",
+    "InputSignal",
     "RunGone",
     "RunNotFound",
     "WaitService",

@@ -16,7 +16,7 @@ from ductor_streams.delivery.wait_service import (
     RunGone,
     RunNotFound,
 )
-from ductor_streams.names import INPUT_SIGNAL
+from ductor_streams.signals import INPUT_SIGNAL
 
 ClientFactory = Callable[[], Awaitable[Client]]
 
@@ -81,7 +81,7 @@ class TemporalWaitService:
     async def deliver(self, event: InputEvent) -> None:
         handle = (await self.client()).get_workflow_handle(event.run_id)
         try:
-            await handle.signal(INPUT_SIGNAL, event.to_signal_arg(), rpc_timeout=self._rpc_timeout)
+            await handle.signal(INPUT_SIGNAL, event.to_signal(), rpc_timeout=self._rpc_timeout)
         except RPCError as exc:
             if exc.status == RPCStatusCode.NOT_FOUND:
                 if "completed" in exc.message:

@@ -9,10 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-
-def event_id(stream_id: str, sequence: int) -> str:
-    """The deterministic id of an input record's delivery: ``<stream_id>:<sequence>``."""
-    return f"{stream_id}:{sequence}"
+from ductor_streams.signals import InputSignal
+from ductor_streams.signals import input_event_id as event_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,16 +29,16 @@ class InputEvent:
     def event_id(self) -> str:
         return event_id(self.stream_id, self.sequence)
 
-    def to_signal_arg(self) -> dict[str, Any]:
-        """The signal's single argument, as the workflow helpers read it."""
-        return {
-            "event_id": self.event_id,
-            "stream_id": self.stream_id,
-            "sequence": self.sequence,
-            "payload": self.payload,
-            "object": self.object,
-            "appended_at": self.appended_at,
-        }
+    def to_signal(self) -> InputSignal:
+        """The input signal's argument (ductor_streams/signals.py) for this record."""
+        return InputSignal(
+            event_id=self.event_id,
+            stream_id=self.stream_id,
+            sequence=self.sequence,
+            payload=self.payload,
+            object=self.object,
+            appended_at=self.appended_at,
+        )
 
 
 class DeliveryFailed(Exception):

@@ -14,7 +14,6 @@ pass, and the pass goes on with the other regions and the deletions.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -25,12 +24,6 @@ from ductor_streams.objects.stores import BlobStores
 from ductor_streams.schema import QUERIES
 
 DEFAULT_ORPHAN_GRACE_SECONDS = 3600.0
-
-
-@dataclass
-class SweepReport:
-    expired: int = 0
-    orphans: int = 0
 
 
 async def expire_intents(pool: asyncpg.Pool, *, batch: int = 500) -> int:

@@ -45,6 +45,7 @@ from ductor_streams.objects.stores import BlobStores
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store, StreamRef
 from ductor_streams.store.append import outcome_to_result
+from ductor_streams.store.outcomes import AppendOutcome
 
 DEFAULT_INTENT_TTL_SECONDS = 3600.0
 _encoder = msgspec.json.Encoder()
@@ -306,7 +307,7 @@ class ObjectService:
         )
         if row is not None:
             first = row["first_sequence"]
-            result = outcome_to_result((row["outcome"], first, first))
+            result = outcome_to_result((AppendOutcome.parse(row["outcome"]), first, first))
             if not result.replayed:
                 size = len(intent.payload.encode("utf-8"))
                 metrics.count_append(ref.definition.direction, 1, size)

@@ -63,13 +63,14 @@ from ductor_streams.activities.models import (
     ReadResult,
     StreamRecord,
 )
-from ductor_streams.names import INPUT_SIGNAL
+from ductor_streams.signals import INPUT_SIGNAL, InputSignal
 
 WORKFLOW_CONSUMER = "workflow"
 
 __all__ = [
     "INPUT_SIGNAL",
     "InputPosition",
+    "InputSignal",
     "StreamRecord",
     "Streams",
     "StreamsSnapshot",
@@ -301,13 +302,13 @@ class Streams:
             inbox = self._inboxes[stream_id] = _Inbox(InputPosition())
         return inbox
 
-    def _on_input(self, event: dict[str, Any]) -> None:
+    def _on_input(self, event: InputSignal) -> None:
         record = StreamRecord(
-            stream_id=str(event["stream_id"]),
-            sequence=int(event["sequence"]),
-            payload=event.get("payload"),
-            object=event.get("object"),
-            appended_at=event.get("appended_at"),
+            stream_id=event.stream_id,
+            sequence=event.sequence,
+            payload=event.payload,
+            object=event.object,
+            appended_at=event.appended_at,
         )
         self._hold(self._inbox(record.stream_id), record)
 

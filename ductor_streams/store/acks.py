@@ -6,6 +6,7 @@ import asyncpg
 
 from ductor_streams.errors import AckInFuture, AckRegression, ConsumerNotFound, NotFound
 from ductor_streams.schema import QUERIES
+from ductor_streams.store.outcomes import AckOutcome
 
 
 async def ack(pool: asyncpg.Pool, stream_pk: int, consumer_id: str, sequence: int) -> int:
@@ -16,15 +17,15 @@ async def ack(pool: asyncpg.Pool, stream_pk: int, consumer_id: str, sequence: in
     """
     row = await pool.fetchrow(QUERIES["consumer_ack"], stream_pk, consumer_id, sequence)
     assert row is not None
-    outcome = row["outcome"]
-    if outcome in ("acked", "unchanged"):
+    outcome = AckOutcome.parse(row["outcome"])
+    if outcome in (AckOutcome.ACKED, AckOutcome.UNCHANGED):
         return int(row["acked_sequence"])
-    if outcome == "ack_regression":
+    if outcome is AckOutcome.ACK_REGRESSION:
         raise AckRegression(
             f"consumer {consumer_id!r} has acknowledged {row['acked_sequence']}; acks only advance"
         )
-    if outcome == "ack_in_future":
+    if outcome is AckOutcome.ACK_IN_FUTURE:
         raise AckInFuture(f"sequence {sequence} is beyond the latest sequence")
-    if outcome == "consumer_not_found":
+    if outcome is AckOutcome.CONSUMER_NOT_FOUND:
         raise ConsumerNotFound(f"no consumer {consumer_id!r} on this stream")
     raise NotFound("stream does not exist")

@@ -4,7 +4,7 @@ Appends to the same stream that arrive while that stream's transaction is in fli
 queue up and go together in the next call of ``workflow_streams.append_requests``,
 which decides each request exactly as if it were alone, in arrival order (its own
 sequences, receipt, credit, quota and close check). One round trip under the row lock
-is the per-stream limit (docs/credit.md), so sharing it multiplies throughput.
+is the per-stream limit (docs/speed.md), so sharing it multiplies throughput.
 
 Across streams, every commit costs a WAL flush, which caps one-append-per-transaction
 traffic at the disk's flush rate however many streams there are. So while a statement
@@ -64,6 +64,7 @@ from ductor_streams.store.eager import start_now
 from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.held import HeldConnection
 from ductor_streams.store.models import AppendResult, Record
+from ductor_streams.store.outcomes import AppendOutcome
 from ductor_streams.store.wakes import WakeSender
 
 # A statement never holds more than this many records, so one transaction stays short.
@@ -79,7 +80,8 @@ PARALLEL_RECORDS = 64
 # A statement for several streams holds at most this many streams' groups.
 MAX_STREAMS_PER_STATEMENT = 64
 
-Outcome = tuple[str, int | None, int | None]
+# One request's outcome: what the append function decided, and its first and last sequence.
+Outcome = tuple[AppendOutcome, int | None, int | None]
 Item = tuple[EncodedBatch, "asyncio.Future[Outcome]"]
 
 
@@ -117,21 +119,26 @@ class CommitFeed(Protocol):
         whatever it committed has been handed to ``committed`` by then."""
 
 
+def _outcome(row: asyncpg.Record) -> Outcome:
+    """One row of an append function's answer as a typed outcome."""
+    return (AppendOutcome.parse(row["outcome"]), row["first_sequence"], row["last_sequence"])
+
+
 def outcome_to_result(outcome: Outcome) -> AppendResult:
     """Map the append function's outcome for one request to a result or a domain error."""
     name, first, last = outcome
-    if name in ("appended", "replayed"):
+    if name.stored:
         assert first is not None and last is not None
-        return AppendResult(first, last, replayed=name == "replayed")
-    if name == "stream_closed":
+        return AppendResult(first, last, replayed=name is AppendOutcome.REPLAYED)
+    if name is AppendOutcome.STREAM_CLOSED:
         raise StreamClosed()
-    if name == "quota_exhausted":
+    if name is AppendOutcome.QUOTA_EXHAUSTED:
         raise QuotaExhausted()
-    if name == "credit_exhausted":
+    if name is AppendOutcome.CREDIT_EXHAUSTED:
         raise CreditExhausted()
-    if name == "key_reused":
+    if name is AppendOutcome.KEY_REUSED:
         raise IdempotencyKeyReused()
-    if name == "not_found":
+    if name is AppendOutcome.NOT_FOUND:
         raise NotFound("stream does not exist")
     raise StreamsError(f"unexpected append outcome {name!r}")
 
@@ -321,7 +328,9 @@ class Appender:
         records: list[Record] | None = None
         if not notify_inline:
             appended = [
-                last for name, _, last in outcomes if name == "appended" and last is not None
+                last
+                for name, _, last in outcomes
+                if name is AppendOutcome.APPENDED and last is not None
             ]
             latest = max(appended, default=0)
             if latest:
@@ -339,9 +348,7 @@ class Appender:
         # Each subscriber's write is ~11 us and an answer's path ~10 times that, so the
         # subscribers' waits together are shortest this way. A stream is fed only while
         # it has at most 128 subscribers here (live FEED_MAX_SUBSCRIBERS), so an answer
-        # waits for at most that many writes.
-        # Measured at 100 subscribers (docs/live.md): SSE p50 1.70-1.79 ms, the append's
-        # own answer p50 2.23-2.37; with the answers first, 1.97-2.29 and 1.26-1.45.
+        # waits for at most that many writes (the measurement: bench/README.md, History).
         if feed is not None and followed:
             if records is None:
                 records = committed_records(group, outcomes, appended_at)
@@ -357,7 +364,7 @@ class Appender:
         """The outcome of each request, and the transaction's ``appended_at``."""
         self.statements += 1
         rows = await self._send("records_append_group", (stream_pk,), batches, notify_inline)
-        outcomes = [(r["outcome"], r["first_sequence"], r["last_sequence"]) for r in rows]
+        outcomes = [_outcome(r) for r in rows]
         return outcomes, rows[0]["appended_at"]
 
     async def _send(
@@ -415,9 +422,7 @@ class Appender:
         rows = await self._send("records_append_stream_groups", shape, batches, notify_inline)
         outcomes: list[list[Outcome]] = [[] for _ in groups]
         for r in rows:
-            outcomes[r["group_index"] - 1].append(
-                (r["outcome"], r["first_sequence"], r["last_sequence"])
-            )
+            outcomes[r["group_index"] - 1].append(_outcome(r))
         return outcomes, rows[0]["appended_at"]
 
 
@@ -447,8 +452,8 @@ def _statement_span(groups: list[tuple[int, list[Item]]], requests: int) -> Any:
 # A statement carrying more payload bytes than this sends them with COPY, in chunks, in
 # its own transaction (``_fetch_staged``; append_stage_payloads in wakes.sql), instead of
 # as one argument: asyncpg builds and writes a statement's whole Bind message in one
-# step, ~80 ms of the event loop for a 60 MB batch, while COPY yields between chunks
-# (measured: 5-45 ms at most for the same 1,000 x 64 KB). Smaller statements go as one
+# step, holding the event loop for tens of milliseconds on a 60 MB batch, while COPY
+# yields between chunks (docs/speed.md, "Staged statements"). Smaller statements go as one
 # argument, on the held connection, from the turn that decided them.
 STAGED_STATEMENT_BYTES = 8 * 1024 * 1024
 
@@ -464,7 +469,7 @@ def committed_records(
     them carries an object (its stored form is jsonb's: those are left to the read)."""
     records: list[Record] = []
     for (batch, _), (name, first, _last) in zip(group, outcomes, strict=True):
-        if name != "appended":
+        if name is not AppendOutcome.APPENDED:
             continue
         assert first is not None
         if any(o is not None for o in batch.objects):

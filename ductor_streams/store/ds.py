@@ -140,9 +140,10 @@ async def create(
 
 def _refusal(outcome: str) -> Exception:
     from ductor_streams.store.append import outcome_to_result
+    from ductor_streams.store.outcomes import AppendOutcome
 
     try:
-        outcome_to_result((outcome, None, None))
+        outcome_to_result((AppendOutcome.parse(outcome), None, None))
     except Exception as exc:
         return exc
     return RuntimeError(f"unexpected DS create outcome {outcome!r}")

@@ -41,3 +41,35 @@ def test_module_imports_alone(module: str) -> None:
         [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_workflow_helpers_load_no_database_driver() -> None:
+    """Workflow code imports plugin.workflow (and through it the activities' models and
+    error types) in Temporal's sandbox: none of that may load asyncpg or the store."""
+    probe = (
+        "import sys\n"
+        "import ductor_streams.plugin.workflow, ductor_streams.activities\n"
+        "from ductor_streams.activities import error_types, models\n"
+        "import ductor_streams.signals\n"
+        "loaded = sorted(m for m in sys.modules if m == 'asyncpg' or m.startswith(("
+        "'asyncpg.', 'ductor_streams.store', 'ductor_streams.live')))\n"
+        "print(','.join(loaded))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == "", f"loaded in the sandbox's reach: {done.stdout}"
+
+
+def test_the_activities_package_still_gives_its_activities() -> None:
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "from ductor_streams.activities import StreamsActivities, domain_errors, "
+            "to_application_error; print(StreamsActivities.__name__)",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0 and done.stdout.strip() == "StreamsActivities", done.stderr

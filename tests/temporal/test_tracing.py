@@ -36,8 +36,8 @@ from temporalio.worker import Worker
 from ductor_streams import temporal_connection, tracing
 from ductor_streams.config import Settings
 from ductor_streams.http import create_app
-from ductor_streams.names import INPUT_SIGNAL
 from ductor_streams.plugin import StreamsPlugin
+from ductor_streams.signals import INPUT_SIGNAL
 from tests.conftest import API, TokenFactory
 from tests.support.otlp import OtlpReceiver
 from tests.support.server import ServerProcess, settings_env

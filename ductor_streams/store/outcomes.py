@@ -1,0 +1,55 @@
+"""The outcome strings the SQL functions answer with, as types, read in one place.
+
+``append_requests`` and ``append_stream_groups`` answer one ``outcome`` per request,
+``ack_consumer`` one per ack (their bodies: ``schema/schema.sql``). Each is parsed here
+into an enum as soon as its row arrives; an outcome this code does not know is an error
+at once (a migration and the code disagree), never a string compared deep in a caller.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class AppendOutcome(StrEnum):
+    """What ``append_requests`` / ``append_stream_groups`` decided for one request."""
+
+    APPENDED = "appended"  # new consecutive sequences
+    REPLAYED = "replayed"  # a known idempotency key with the same body: the first answer
+    KEY_REUSED = "key_reused"  # a known idempotency key with another body
+    STREAM_CLOSED = "stream_closed"
+    QUOTA_EXHAUSTED = "quota_exhausted"  # a total ceiling
+    CREDIT_EXHAUSTED = "credit_exhausted"  # an unread ceiling
+    NOT_FOUND = "not_found"  # no such stream
+
+    @classmethod
+    def parse(cls, text: str) -> AppendOutcome:
+        try:
+            return cls(text)
+        except ValueError:
+            raise RuntimeError(
+                f"the append function answered an unknown outcome {text!r}"
+            ) from None
+
+    @property
+    def stored(self) -> bool:
+        """Whether the request's records are in the stream (now or from before)."""
+        return self in (AppendOutcome.APPENDED, AppendOutcome.REPLAYED)
+
+
+class AckOutcome(StrEnum):
+    """What ``ack_consumer`` decided."""
+
+    ACKED = "acked"
+    UNCHANGED = "unchanged"  # the same sequence as the current ack
+    ACK_REGRESSION = "ack_regression"
+    ACK_IN_FUTURE = "ack_in_future"
+    CONSUMER_NOT_FOUND = "consumer_not_found"
+    NOT_FOUND = "not_found"
+
+    @classmethod
+    def parse(cls, text: str) -> AckOutcome:
+        try:
+            return cls(text)
+        except ValueError:
+            raise RuntimeError(f"ack_consumer answered an unknown outcome {text!r}") from None
