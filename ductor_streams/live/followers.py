@@ -183,6 +183,7 @@ class Followers:
             follower.stop()
         for follower in followers:
             await follower.wait_stopped()
+        self._reads.release()
 
     async def _follower_read(self, stream_pk: int, after: int, limit: int) -> Page:
         LIVE_READS.labels("follower").inc()

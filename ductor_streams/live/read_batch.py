@@ -6,9 +6,11 @@ stream alone: 100 streams at 50 appends/s each from a worker were ~5,000 one-rec
 reads a second, queued on the pool. ``ReadBatcher.read`` queues a read and, at the end
 of the turn, sends every queued one in one ``records_read_bytes_many`` statement (one
 snapshot: each page is exactly what a read of its own would have returned then). A read
-queued alone goes as the plain ``records_read_bytes``. A read sent a turn later than
-asked is still a read begun after whatever the follower waited for, so the followers'
-continuity argument (follower.py) is unchanged.
+queued alone goes as the plain ``records_read_bytes``. Both go on a connection kept
+while reads follow each other (store/held.py), so an answer does not wait for the
+pool's reset. A read sent a turn later than asked is still a read begun after whatever
+the follower waited for, so the followers' continuity argument (follower.py) is
+unchanged.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from collections import defaultdict
 import asyncpg
 
 from ductor_streams.schema import QUERIES
+from ductor_streams.store.held import HeldConnection
 from ductor_streams.store.models import Page
-from ductor_streams.store.read import page_of_rows, read_page
+from ductor_streams.store.read import page_of_rows
 
 Queued = tuple[int, int, int, "asyncio.Future[Page]"]
 
@@ -33,6 +36,9 @@ class ReadBatcher:
 
     def __init__(self, pool: asyncpg.Pool, page_bytes: int) -> None:
         self._pool = pool
+        # Kept while reads follow each other: through the pool, each read's answer would
+        # wait for the release's reset, a second round trip (store/held.py).
+        self._connection = HeldConnection(pool)
         self._page_bytes = page_bytes
         self._queued: list[Queued] = []
         self._tasks: set[asyncio.Task[None]] = set()  # the loop keeps weak references
@@ -50,6 +56,10 @@ class ReadBatcher:
             self._send()  # the turn's later reads start another statement
         return await future
 
+    def release(self) -> None:
+        """Give the held connection back to the pool now (the process is stopping)."""
+        self._connection.release()
+
     def _send(self) -> None:
         queued, self._queued = self._queued, []
         if not queued:
@@ -64,15 +74,16 @@ class ReadBatcher:
             if len(queued) == 1:
                 stream_pk, after, limit, future = queued[0]
                 try:
-                    page = await read_page(
-                        self._pool, stream_pk, after, limit, max_bytes=self._page_bytes
+                    rows = await self._connection.fetch(
+                        QUERIES["records_read_bytes"], stream_pk, after, limit, self._page_bytes
                     )
+                    page = page_of_rows(rows, after)
                 except Exception as exc:
                     _fail(future, exc)
                 else:
                     _settle(future, page)
                 return
-            rows = await self._pool.fetch(
+            rows = await self._connection.fetch(
                 QUERIES["records_read_bytes_many"],
                 [q[0] for q in queued],
                 [q[1] for q in queued],

@@ -58,3 +58,37 @@ async def test_a_turn_with_more_reads_than_a_statement_holds_sends_two(store, po
     pages = await asyncio.gather(*(batcher.read(ref.stream_pk, 0, 10) for _ in range(70)))
     assert batcher.statements == 2  # 64, then 6
     assert all([r.sequence for r in p.records] == [1] for p in pages)
+
+
+class CountingPool:
+    """The pool, counting the connections taken from it."""
+
+    def __init__(self, pool) -> None:
+        self.pool = pool
+        self.acquired = 0
+
+    async def acquire(self):
+        self.acquired += 1
+        return await self.pool.acquire()
+
+    async def release(self, conn) -> None:
+        await self.pool.release(conn)
+
+
+async def test_reads_that_follow_each_other_keep_one_connection(store, pool, tenant) -> None:
+    # Through the pool, each read's answer would wait for the release's reset (a second
+    # round trip); kept, reads follow each other on one connection.
+    refs = [await new_stream(store, tenant) for _ in range(2)]
+    for ref in refs:
+        await add(store, ref, [1, 2])
+    counting = CountingPool(pool)
+    batcher = ReadBatcher(counting, page_bytes=1 << 20)  # type: ignore[arg-type]
+    try:
+        for _ in range(5):
+            page = await batcher.read(refs[0].stream_pk, 0, 10)  # alone: a plain read
+            assert [r.sequence for r in page.records] == [1, 2]
+            both = await asyncio.gather(*(batcher.read(r.stream_pk, 1, 10) for r in refs))
+            assert [[r.sequence for r in p.records] for p in both] == [[2], [2]]
+        assert batcher.statements == 10 and counting.acquired == 1
+    finally:
+        batcher.release()
