@@ -31,8 +31,14 @@ made (``t``); its latency is the follower's receive time minus ``t`` (one host c
    - ``http``: one raw keep-alive connection per stream POSTs each record as it is made.
    Server and worker CPU: user+system time of the process over the load (/proc), as
    cores (CPU seconds per wall second) and microseconds per record; also the followers'
-   process and the whole machine (``machine``: busy cores of all, from /proc/stat,
-   whoever used them: Postgres, Temporal, the load's own clients, anyone else).
+   process, the Postgres backends serving the bench's database (``postgres``; not the
+   shared WAL writer and checkpointer) and the whole machine (``machine``: busy cores
+   of all, from /proc/stat, whoever used them: Postgres, Temporal, the load's own
+   clients, anyone else).
+
+``--hops`` adds, for the concurrent activity load, each hop's p50/p99 from timestamps
+taken inside the worker and the server (bench/hops.py); ``--only`` picks parts and
+``--repeat`` runs each concurrent load several times (the median run is shown).
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ import time
 import uuid
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -71,6 +78,7 @@ from bench.environment import (
 )
 from bench.hops import ENV as HOPS_ENV
 from bench.hops import hop_table, print_hops
+from bench.pg_cpu import backends_of
 from ductor_streams.config import Settings
 from ductor_streams.schema.migrate import migrate
 from tests.support.server import ServerProcess, settings_env
@@ -170,6 +178,11 @@ class Bench:
             "made_to_transaction": percentiles(in_store),
         }
         return latencies, check
+
+    def postgres_cpu(self) -> dict[int, float]:
+        """CPU seconds so far of each Postgres backend serving the bench's database."""
+        database = urlsplit(self.server.settings.database_url or "").path.lstrip("/")
+        return backends_of(database) if database else {}
 
     def cpu(self) -> tuple[float, float]:
         return process_cpu_seconds(self.server.process.pid), process_cpu_seconds(  # type: ignore[union-attr]
@@ -298,6 +311,7 @@ class Bench:
         await asyncio.sleep(max(0.0, start_at - time.time()))
         server0, worker0 = self.cpu()
         followers0, machine0 = process_cpu_seconds(followers.pid), machine_busy_seconds()
+        postgres0 = self.postgres_cpu()
         started = time.monotonic()
         await load
         if mode == "http":
@@ -306,6 +320,8 @@ class Bench:
         elapsed = time.monotonic() - started
         server1, worker1 = self.cpu()
         followers1, machine1 = process_cpu_seconds(followers.pid), machine_busy_seconds()
+        postgres1 = self.postgres_cpu()
+        postgres = sum(cpu - postgres0.get(pid, 0.0) for pid, cpu in postgres1.items())
         latencies, check = await self.collected(followers, tokens * streams)
         records = tokens * streams
         if self.hops_dir is not None and mode == "activity":
@@ -317,6 +333,10 @@ class Bench:
             "worker_cores": round((worker1 - worker0) / elapsed, 3),
             "worker_us_per_record": round((worker1 - worker0) / records * 1e6, 1),
             "followers_cores": round((followers1 - followers0) / elapsed, 3),
+            # The backends connected to the bench's database (bench/pg_cpu.py), when this
+            # user can read their /proc entries.
+            "postgres_cores": round(postgres / elapsed, 3),
+            "postgres_us_per_record": round(postgres / records * 1e6, 1),
             "machine_busy_cores": round((machine1 - machine0) / elapsed, 2),
             "wall_s": round(elapsed, 2),
             **check,
@@ -450,7 +470,10 @@ async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, A
                 if len(runs) > 1:
                     result["concurrent"][mode] = median_run(runs)
                     result["concurrent"][mode]["runs"] = [
-                        {k: r[k] for k in ("delivery", "server_cores", "worker_cores")}
+                        {
+                            k: r[k]
+                            for k in ("delivery", "server_cores", "worker_cores", "postgres_cores")
+                        }
                         for r in runs
                     ]
             await bench.server_pool.close()  # type: ignore[union-attr]
@@ -481,7 +504,8 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
     )
     print(
         f"{'path':<10}{'p50 ms':>10}{'p99 ms':>10}{'server cores':>14}{'us/rec':>8}"
-        f"{'worker cores':>14}{'us/rec':>8}{'machine':>9}{'received':>10}{'in order':>10}"
+        f"{'worker cores':>14}{'us/rec':>8}{'pg cores':>10}{'us/rec':>8}{'machine':>9}"
+        f"{'received':>10}{'in order':>10}"
     )
     for path, row in result["concurrent"].items():
         lat = row["delivery"]
@@ -489,6 +513,7 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
             f"{path:<10}{lat.get('p50_ms', '-'):>10}{lat.get('p99_ms', '-'):>10}"
             f"{row['server_cores']:>14}{row['server_us_per_record']:>8}"
             f"{row['worker_cores']:>14}{row['worker_us_per_record']:>8}"
+            f"{row['postgres_cores']:>10}{row['postgres_us_per_record']:>8}"
             f"{row['machine_busy_cores']:>9}{row['received']:>10}{row['streams_in_order_without_repeats']:>10}"
         )
     hops = result["concurrent"].get("activity", {}).get("hops")
