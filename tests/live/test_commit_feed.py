@@ -21,6 +21,7 @@ from ductor_streams.live.subscription import Subscription
 from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.append import committed_records
 from ductor_streams.store.models import StreamRef
+from ductor_streams.store.outcomes import AppendOutcome
 from ductor_streams.store.read import read_page
 from tests.live.test_followers import add, drain, new_stream
 from tests.support.live import eventually
@@ -138,14 +139,17 @@ def test_records_with_an_object_are_left_to_the_read() -> None:
         future = loop.create_future()
         at = datetime(2026, 1, 1, tzinfo=UTC)
         plain = encode_batch(["a", "b"], idempotency_key=None)
-        records = committed_records([(plain, future)], [("appended", 4, 5)], at)
+        records = committed_records([(plain, future)], [(AppendOutcome.APPENDED, 4, 5)], at)
         assert [(r.sequence, r.payload, r.size, r.appended_at) for r in records] == [
             (4, '"a"', 3, at),
             (5, '"b"', 3, at),
         ]
         # A replayed or refused request appended nothing.
-        assert committed_records([(plain, future)], [("replayed", 4, 5)], at) == []
-        assert committed_records([(plain, future)], [("stream_closed", None, None)], at) == []
+        assert committed_records([(plain, future)], [(AppendOutcome.REPLAYED, 4, 5)], at) == []
+        assert (
+            committed_records([(plain, future)], [(AppendOutcome.STREAM_CLOSED, None, None)], at)
+            == []
+        )
         with_object = plain.__class__(
             payloads=['"o"'],
             sizes=[3],
@@ -154,7 +158,12 @@ def test_records_with_an_object_are_left_to_the_read() -> None:
             request_hash="h",
         )
         both = [(plain, future), (with_object, future)]
-        assert committed_records(both, [("appended", 1, 2), ("appended", 3, 3)], at) == []
+        assert (
+            committed_records(
+                both, [(AppendOutcome.APPENDED, 1, 2), (AppendOutcome.APPENDED, 3, 3)], at
+            )
+            == []
+        )
     finally:
         loop.close()
 
