@@ -20,12 +20,12 @@ async def ack(pool: asyncpg.Pool, stream_pk: int, consumer_id: str, sequence: in
     outcome = AckOutcome.parse(row["outcome"])
     if outcome in (AckOutcome.ACKED, AckOutcome.UNCHANGED):
         return int(row["acked_sequence"])
-    if outcome is AckOutcome.ACK_REGRESSION:
+    if outcome == AckOutcome.ACK_REGRESSION:
         raise AckRegression(
             f"consumer {consumer_id!r} has acknowledged {row['acked_sequence']}; acks only advance"
         )
-    if outcome is AckOutcome.ACK_IN_FUTURE:
+    if outcome == AckOutcome.ACK_IN_FUTURE:
         raise AckInFuture(f"sequence {sequence} is beyond the latest sequence")
-    if outcome is AckOutcome.CONSUMER_NOT_FOUND:
+    if outcome == AckOutcome.CONSUMER_NOT_FOUND:
         raise ConsumerNotFound(f"no consumer {consumer_id!r} on this stream")
     raise NotFound("stream does not exist")

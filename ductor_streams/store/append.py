@@ -127,18 +127,18 @@ def _outcome(row: asyncpg.Record) -> Outcome:
 def outcome_to_result(outcome: Outcome) -> AppendResult:
     """Map the append function's outcome for one request to a result or a domain error."""
     name, first, last = outcome
-    if name.stored:
+    if name in (AppendOutcome.APPENDED, AppendOutcome.REPLAYED):
         assert first is not None and last is not None
-        return AppendResult(first, last, replayed=name is AppendOutcome.REPLAYED)
-    if name is AppendOutcome.STREAM_CLOSED:
+        return AppendResult(first, last, replayed=name == AppendOutcome.REPLAYED)
+    if name == AppendOutcome.STREAM_CLOSED:
         raise StreamClosed()
-    if name is AppendOutcome.QUOTA_EXHAUSTED:
+    if name == AppendOutcome.QUOTA_EXHAUSTED:
         raise QuotaExhausted()
-    if name is AppendOutcome.CREDIT_EXHAUSTED:
+    if name == AppendOutcome.CREDIT_EXHAUSTED:
         raise CreditExhausted()
-    if name is AppendOutcome.KEY_REUSED:
+    if name == AppendOutcome.KEY_REUSED:
         raise IdempotencyKeyReused()
-    if name is AppendOutcome.NOT_FOUND:
+    if name == AppendOutcome.NOT_FOUND:
         raise NotFound("stream does not exist")
     raise StreamsError(f"unexpected append outcome {name!r}")
 
@@ -330,7 +330,7 @@ class Appender:
             appended = [
                 last
                 for name, _, last in outcomes
-                if name is AppendOutcome.APPENDED and last is not None
+                if name == AppendOutcome.APPENDED and last is not None
             ]
             latest = max(appended, default=0)
             if latest:
@@ -469,7 +469,7 @@ def committed_records(
     them carries an object (its stored form is jsonb's: those are left to the read)."""
     records: list[Record] = []
     for (batch, _), (name, first, _last) in zip(group, outcomes, strict=True):
-        if name is not AppendOutcome.APPENDED:
+        if name != AppendOutcome.APPENDED:
             continue
         assert first is not None
         if any(o is not None for o in batch.objects):
