@@ -176,6 +176,7 @@ ROUTES = [list_deliveries, show_delivery, retry_delivery, list_gaps, summary]
 # too sent it twice.
 _ASSETS = {
     "ops.js": "text/javascript",
+    "console.js": "text/javascript",
     "ops.css": "text/css",
     "ops.svg": "image/svg+xml",
 }

@@ -1,6 +1,8 @@
-// The operator page: plain JS, no build step. Holds no data until the person gives a
-// bearer token (kept in sessionStorage for this tab only) and then polls the JSON
-// endpoints under ops/ with it. Text from the server is only ever set as textContent.
+// The console's shell and its input delivery view: plain JS, no build step. Holds no
+// data until the person gives a bearer token (kept in sessionStorage for this tab only,
+// never in a URL) and then calls the JSON endpoints with it. Text from the server is only
+// ever set as textContent. The streams views are in console.js; the view is chosen by
+// the URL's fragment (#streams, #stream/<run>/<stream>, #deliveries).
 "use strict";
 
 const TOKEN_KEY = "ductor-streams.ops.token";
@@ -41,13 +43,16 @@ class ApiError extends Error {
     super(problem && problem.detail ? problem.detail : `HTTP ${status}`);
     this.status = status;
     this.code = problem && problem.code;
+    this.problem = problem || {};
   }
 }
 
 async function api(path, options) {
+  const headers = { Authorization: `Bearer ${token()}`, Accept: "application/json" };
+  if (options && options.body !== undefined) headers["Content-Type"] = "application/json";
   const response = await fetch(path, {
     ...options,
-    headers: { Authorization: `Bearer ${token()}`, Accept: "application/json" },
+    headers,
     cache: "no-store",
   });
   const text = await response.text();
@@ -216,7 +221,7 @@ function showError(error) {
 }
 
 async function refresh() {
-  if (state.busy || !token()) return;
+  if (state.busy || !token() || currentView() !== "deliveries") return;
   state.busy = true;
   $("live").classList.add("busy");
   try {
@@ -307,15 +312,36 @@ function applyFilters() {
   refresh();
 }
 
-function describeToken(raw) {
+function claimsOf(raw) {
   // Display only (the server verifies): the claims in the middle of the JWT.
   try {
     const part = raw.split(".")[1].replace(/-/g, "+").replace(/_/g, "/");
-    const claims = JSON.parse(atob(part));
-    return `${claims.sub} · tenant ${claims.tenant}`;
+    return JSON.parse(atob(part));
   } catch (_) {
-    return "token set";
+    return null;
   }
+}
+
+function describeToken(raw) {
+  const claims = claimsOf(raw);
+  return claims ? `${claims.sub} · tenant ${claims.tenant}` : "token set";
+}
+
+// Whether the token claims a scope: only to leave out buttons that would be refused (the
+// server decides).
+function hasScope(scope) {
+  const claims = claimsOf(token() || "");
+  return Boolean(claims && Array.isArray(claims.scopes) && claims.scopes.includes(scope));
+}
+
+// The view the fragment names; without one, input delivery for an operator's token and
+// the streams list for anyone else.
+function currentView() {
+  const hash = location.hash;
+  if (hash.startsWith("#stream/")) return "stream";
+  if (hash === "#streams") return "streams";
+  if (hash === "#deliveries") return "deliveries";
+  return hasScope("streams:ops") || !hasScope("streams:read") ? "deliveries" : "streams";
 }
 
 function signIn(raw) {
@@ -332,14 +358,19 @@ function signOut(clearError) {
 
 function show() {
   const signedIn = Boolean(token());
+  const view = signedIn ? currentView() : null;
   $("login").hidden = signedIn;
-  $("console").hidden = !signedIn;
+  $("console").hidden = view !== "deliveries";
   $("session").hidden = !signedIn;
+  $("nav").hidden = !signedIn;
+  $("nav-streams").classList.toggle("current", view === "streams" || view === "stream");
+  $("nav-deliveries").classList.toggle("current", view === "deliveries");
   if (signedIn) $("who").textContent = describeToken(token());
   clearInterval(state.timer);
-  if (signedIn) {
+  if (view === "deliveries") {
     state.timer = setInterval(() => { if (!document.hidden) refresh(); }, POLL_MS);
   }
+  if (typeof showStreamsViews === "function") showStreamsViews(view);
 }
 
 document.addEventListener("DOMContentLoaded", () => {
@@ -363,6 +394,7 @@ document.addEventListener("DOMContentLoaded", () => {
     refresh();
   });
   document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
+  window.addEventListener("hashchange", () => { show(); refresh(); });
   show();
   refresh();
 });
