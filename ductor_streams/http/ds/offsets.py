@@ -15,6 +15,11 @@ from ductor_streams.errors import InvalidOffset
 
 OFFSET_DIGITS = 20
 _OFFSET = re.compile(r"[0-9]{20}")
+# Sequences are Postgres bigints: a 20-digit offset past this was never returned.
+MAX_SEQUENCE = 2**63 - 1
+# An echoed Stream-Cursor: ASCII digits only (str.isdigit() also takes "²", which int()
+# refuses), short enough to be an interval count.
+_CURSOR = re.compile(r"[0-9]{1,18}")
 START = "-1"
 NOW = "now"
 
@@ -36,7 +41,7 @@ def parse_offset(value: str | None) -> int | str | None:
         return None
     if value == NOW:
         return NOW
-    if not _OFFSET.fullmatch(value):
+    if not _OFFSET.fullmatch(value) or int(value) > MAX_SEQUENCE:
         raise InvalidOffset(
             f"offset {value[:64]!r} is not -1, now or an offset this server returned"
         )
@@ -47,7 +52,7 @@ def response_cursor(client_cursor: str | None, now: float | None = None) -> str:
     """The ``Stream-Cursor`` of a live answer: the current interval, or past the client's
     echo when that is current already (so that caches never loop on one answer)."""
     current = int(((time.time() if now is None else now) - CURSOR_EPOCH) // CURSOR_INTERVAL)
-    if client_cursor is None or not client_cursor.isdigit() or len(client_cursor) > 18:
+    if client_cursor is None or not _CURSOR.fullmatch(client_cursor):
         return str(current)
     echoed = int(client_cursor)
     if echoed < current:

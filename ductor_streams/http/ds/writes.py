@@ -49,7 +49,12 @@ MAX_BODY = max(media.MAX_JSON_BODY, media.MAX_BYTES_BODY)
 # What a PUT's Content-Type must look like to be kept (else the protocol's default).
 _CREATE_TYPE = re.compile(r"^[\w.+-]+/[\w.+-]+")
 _MAX_SAFE_INTEGER = 2**53 - 1
-_DIGITS = re.compile(r"[0-9]{1,16}")
+# A protocol integer: ASCII digits without leading zeros ("007" and "7" would be one
+# producer state under two spellings), at most 16 of them (2^53-1 has 16).
+_DIGITS = re.compile(r"0|[1-9][0-9]{0,15}")
+# Producer-Id is a key of ds_producers: a Postgres btree entry holds at most ~2,700
+# bytes, and each character of a header (latin-1) is at most 2 bytes of UTF-8.
+MAX_PRODUCER_ID = 1024
 
 
 def _flag(request: Request, name: str) -> bool:
@@ -122,21 +127,32 @@ def _writer_headers(request: Request) -> WriterHeaders:
     if producer_id is not None and epoch is not None and seq is not None:
         if not producer_id.strip():
             raise InvalidProducer("Producer-Id must not be empty")
+        if len(producer_id) > MAX_PRODUCER_ID:
+            raise InvalidProducer(f"Producer-Id holds at most {MAX_PRODUCER_ID} characters")
         numbers = []
         for name, value in (("Producer-Epoch", epoch), ("Producer-Seq", seq)):
             if not _DIGITS.fullmatch(value.strip()) or int(value) > _MAX_SAFE_INTEGER:
-                raise InvalidProducer(f"{name} must be an integer from 0 to 2^53-1")
+                raise InvalidProducer(
+                    f"{name} must be an integer from 0 to 2^53-1, without leading zeros"
+                )
             numbers.append(int(value))
         return WriterHeaders(
             close=_flag(request, "stream-closed"),
-            stream_seq=request.header("stream-seq"),
+            stream_seq=_stream_seq(request),
             producer_id=producer_id,
             producer_epoch=numbers[0],
             producer_seq=numbers[1],
         )
-    return WriterHeaders(
-        close=_flag(request, "stream-closed"), stream_seq=request.header("stream-seq")
-    )
+    return WriterHeaders(close=_flag(request, "stream-closed"), stream_seq=_stream_seq(request))
+
+
+def _stream_seq(request: Request) -> str | None:
+    """``Stream-Seq``, which must not be empty: ``""`` sorts before every value, so an
+    accepted empty one would say nothing (and one after it, anything at all)."""
+    value = request.header("stream-seq")
+    if value is not None and not value.strip():
+        raise InvalidInput("Stream-Seq must not be empty")
+    return value
 
 
 async def _closed_refusal(request: Request, ref: StreamRef) -> Refusal:
@@ -149,12 +165,14 @@ async def _closed_refusal(request: Request, ref: StreamRef) -> Refusal:
 
 async def append(request: Request) -> Reply:
     """POST: append the body (204, or 200 for a producer's new data), close, or both."""
-    writer = _writer_headers(request)
+    # The native order (docs/security.md): token, run, scopes, the stream, its lists;
+    # only then the writer headers and, last, the body.
     principal = request.authenticate("streams:write")
-    if writer.close:
+    if _flag(request, "stream-closed"):
         require_admin(principal)
     store = request.state.store
     ref = await resolve_stream(store, principal, request.run_id, request.stream_id, "write", "POST")
+    writer = _writer_headers(request)
     body = await _body(request)
     batch = None
     if not body:

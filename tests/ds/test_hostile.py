@@ -1,0 +1,180 @@
+"""A hostile caller against the DS endpoint of a real server: header values and query
+parameters of absurd length, non-ASCII, negative, with leading zeros, past 2^63 or
+empty are each a 4xx problem with a stable code (never a 500) and change nothing, and
+the writer headers are looked at only after the token, the run, the scope and the
+stream (401, 404, 403 first)."""
+
+from __future__ import annotations
+
+import random
+import string
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+
+from tests.conftest import TokenFactory
+from tests.ds.conftest import Ds
+from tests.security.dbstate import fingerprint
+
+PROBLEM = "application/problem+json"
+
+
+def _json(headers: dict[str, str]) -> dict[str, str]:
+    return {**headers, "Content-Type": "application/json"}
+
+
+def assert_problem(r: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert r.status_code == status, (r.status_code, r.text[:300])
+    assert r.headers["content-type"].startswith(PROBLEM), r.headers
+    problem: dict[str, Any] = r.json()
+    assert problem["code"] == code and problem["status"] == status, problem
+    return problem
+
+
+def _random_id(n: int) -> str:
+    # Random letters: a repeated character would compress under Postgres' index limit.
+    return "".join(random.choice(string.ascii_letters) for _ in range(n))
+
+
+async def _json_stream(ds: Ds, stream: str) -> None:
+    r = await ds.http.put(ds.url(stream), headers=_json(ds.headers), content=b"[1,2,3]")
+    assert r.status_code == 201, r.text
+
+
+# Each offset looks like ours (20 digits) but is past a Postgres bigint.
+HUGE_OFFSETS = ["99999999999999999999", "09223372036854775808"]
+
+
+@pytest.mark.parametrize("offset", HUGE_OFFSETS)
+@pytest.mark.parametrize("live", ["", "&live=long-poll", "&live=sse"])
+async def test_offsets_past_a_bigint_are_invalid_offset(ds: Ds, offset: str, live: str) -> None:
+    await _json_stream(ds, "big")
+    r = await ds.http.get(ds.url("big") + f"?offset={offset}{live}", headers=ds.headers)
+    assert_problem(r, 400, "invalid_offset")
+    # The largest bigint is an offset of the right shape: past the tail, the 400 it is.
+    r = await ds.http.get(ds.url("big") + f"?offset=09223372036854775807{live}", headers=ds.headers)
+    assert_problem(r, 400, "cursor_in_future")
+
+
+@pytest.mark.parametrize(
+    "cursor",
+    ["%C2%B2", "%D9%A3", "%EF%BC%91", "-5", "", "1" * 5000, "12abc", "%20"],
+    ids=[
+        "superscript-two",
+        "arabic-three",
+        "fullwidth-one",
+        "negative",
+        "empty",
+        "long",
+        "mixed",
+        "space",
+    ],
+)
+async def test_any_echoed_cursor_gets_a_fresh_one(ds: Ds, cursor: str) -> None:
+    await _json_stream(ds, "cur")
+    # At the tail (204 after the long-poll) and with records (200 at once).
+    for offset, status in (("now", 204), ("-1", 200)):
+        r = await ds.http.get(
+            ds.url("cur") + f"?offset={offset}&live=long-poll&cursor={cursor}", headers=ds.headers
+        )
+        assert r.status_code == status, (r.status_code, r.text[:300])
+        assert r.headers["stream-cursor"].isascii() and r.headers["stream-cursor"].isdigit()
+
+
+BAD_PRODUCERS: dict[str, tuple[str, str, str]] = {
+    "id-1025-chars": (_random_id(1025), "0", "0"),
+    "id-6000-chars": (_random_id(6000), "0", "0"),
+    "epoch-leading-zero": ("p", "00", "0"),
+    "seq-leading-zeros": ("p", "0", "007"),
+    "epoch-negative": ("p", "-1", "0"),
+    "seq-plus": ("p", "0", "+1"),
+    "epoch-2^53": ("p", str(2**53), "0"),
+    "seq-2^64": ("p", "0", str(2**64)),
+    "seq-2^64-plus-many": ("p", "0", "9" * 400),
+    "epoch-empty": ("p", "", "0"),
+    "seq-float": ("p", "0", "1.0"),
+    "seq-hex": ("p", "0", "0x1"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_PRODUCERS), ids=str)
+async def test_bad_producer_headers_are_invalid_producer_and_change_nothing(
+    ds: Ds, pool: asyncpg.Pool, tenant: str, case: str
+) -> None:
+    await _json_stream(ds, "prod")
+    producer_id, epoch, seq = BAD_PRODUCERS[case]
+    before = await fingerprint(pool, tenant)
+    headers = {"Producer-Id": producer_id, "Producer-Epoch": epoch, "Producer-Seq": seq}
+    r = await ds.http.post(ds.url("prod"), headers={**_json(ds.headers), **headers}, content=b"1")
+    assert_problem(r, 400, "invalid_producer")
+    assert await fingerprint(pool, tenant) == before
+
+
+async def test_non_ascii_header_bytes_are_one_producer(ds: Ds) -> None:
+    await _json_stream(ds, "utf")
+    name = "José-生产者".encode()  # sent as raw UTF-8 bytes; a server sees latin-1
+    raw = [(k.encode(), v.encode()) for k, v in _json(ds.headers).items()]
+    for seq, status in (("0", 200), ("0", 204), ("1", 200)):
+        headers = [
+            *raw,
+            (b"Producer-Id", name),
+            (b"Producer-Epoch", b"0"),
+            (b"Producer-Seq", seq.encode()),
+        ]
+        r = await ds.http.post(ds.url("utf"), headers=headers, content=b"1")
+        assert r.status_code == status, (r.status_code, r.text[:300])
+
+
+async def test_the_longest_producer_id_is_accepted(ds: Ds) -> None:
+    await _json_stream(ds, "long")
+    headers = {"Producer-Id": _random_id(1024), "Producer-Epoch": "0", "Producer-Seq": "0"}
+    r = await ds.http.post(ds.url("long"), headers={**_json(ds.headers), **headers}, content=b"1")
+    assert r.status_code == 200, r.text
+    r = await ds.http.post(ds.url("long"), headers={**_json(ds.headers), **headers}, content=b"1")
+    assert r.status_code == 204, r.text
+
+
+async def test_an_empty_stream_seq_is_refused(ds: Ds, pool: asyncpg.Pool, tenant: str) -> None:
+    await _json_stream(ds, "sseq")
+    before = await fingerprint(pool, tenant)
+    r = await ds.http.post(
+        ds.url("sseq"), headers={**_json(ds.headers), "Stream-Seq": ""}, content=b"1"
+    )
+    assert_problem(r, 400, "invalid_request")
+    assert await fingerprint(pool, tenant) == before
+    # A real one still works after the refusal.
+    r = await ds.http.post(
+        ds.url("sseq"), headers={**_json(ds.headers), "Stream-Seq": "a"}, content=b"1"
+    )
+    assert r.status_code == 204, r.text
+
+
+BAD_WRITER = {"Producer-Id": "p", "Producer-Epoch": "-1", "Stream-Seq": ""}
+
+
+async def test_writer_headers_are_looked_at_after_access(ds: Ds, auth: TokenFactory) -> None:
+    await _json_stream(ds, "acc")
+    body = b"1"
+    no_token = {"Content-Type": "application/json", **BAD_WRITER}
+    r = await ds.http.post(ds.url("acc"), headers=no_token, content=body)
+    assert_problem(r, 401, "unauthenticated")
+    other_run = auth(runs=["someone-else"])
+    r = await ds.http.post(ds.url("acc"), headers={**_json(other_run), **BAD_WRITER}, content=body)
+    assert_problem(r, 404, "not_found")
+    read_only = auth(scopes=["streams:read"])
+    r = await ds.http.post(ds.url("acc"), headers={**_json(read_only), **BAD_WRITER}, content=body)
+    assert_problem(r, 403, "forbidden")
+    r = await ds.http.post(
+        ds.url("missing"), headers={**_json(ds.headers), **BAD_WRITER}, content=body
+    )
+    assert_problem(r, 404, "not_found")
+    # Closing needs streams:admin: a write-only token is 403 before its headers are read.
+    write_only = auth(scopes=["streams:write"])
+    closing = {**_json(write_only), **BAD_WRITER, "Stream-Closed": "true"}
+    r = await ds.http.post(ds.url("acc"), headers=closing, content=body)
+    assert_problem(r, 403, "forbidden")
+    # With access decided, the headers are: 400.
+    r = await ds.http.post(ds.url("acc"), headers={**_json(ds.headers), **BAD_WRITER}, content=body)
+    assert_problem(r, 400, "invalid_producer")
