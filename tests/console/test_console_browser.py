@@ -10,6 +10,7 @@ when that names a folder (to look at them)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -154,10 +155,12 @@ async def test_list_shows_the_streams_and_filters_narrow_it(
     await _listed(page, ("job-b", "in"))
     await console.shot("2-streams-filtered")
 
-    # Open a stream from the list; an input stream links to its deliveries.
+    # Open a stream from the list. Its deliveries are for streams:ops tokens (the
+    # keyboard test follows that link).
     await page.click('#streams tr[data-stream="in"] a.open')
     await expect(page.locator("#sv-title")).to_have_text("job-b / in")
-    assert await page.is_visible("#sv-deliveries")
+    await expect(page.locator('#sv-state dd[data-field="closed"]')).to_have_text("no")
+    assert await page.is_hidden("#sv-deliveries")
     assert "#stream/job-b/in" in page.url and "ey" not in page.url  # no token in the URL
 
 
@@ -487,3 +490,44 @@ async def test_live_tail_in_order_and_resumes_across_a_restart(
     finally:
         await page.close()
         own.stop()
+
+
+async def test_an_object_record_opens_its_content_with_the_token(
+    console: Console, server: Any, auth: Any, tenant: str
+) -> None:
+    admin = auth(tenant=tenant)
+    data = b"report bytes \x00\x01"
+    base = f"{API}/runs/job-o/streams/o"
+    async with httpx.AsyncClient(base_url=server.url, timeout=30) as http:
+        await _define(http, admin, "job-o", stream_id="o")
+        r = await http.post(
+            f"{base}/objects",
+            json={
+                "idempotency_key": "report-1",
+                "sha256": hashlib.sha256(data).hexdigest(),
+                "size": len(data),
+                "content_type": "application/pdf",
+            },
+            headers=admin,
+        )
+        assert r.status_code == 201, r.text
+        object_id = r.json()["object_id"]
+        r = await http.put(
+            f"{base}/objects/{object_id}/content",
+            content=data,
+            headers={**admin, "Content-Type": "application/octet-stream"},
+        )
+        assert r.status_code == 200, r.text
+        r = await http.post(f"{base}/objects/{object_id}/commit", headers=admin)
+        assert r.status_code == 201, r.text
+    page = console.page
+    await console.sign_in(_raw(auth(tenant=tenant, scopes=READ)), "#stream/job-o/o")
+    button = page.locator('#records tr[data-seq="1"] button.object-link')
+    await expect(button).to_have_text(f"Open object (application/pdf, {len(data)} B)")
+    async with page.expect_download() as info:
+        await button.click()
+    download = await info.value
+    saved = await download.path()
+    assert await asyncio.to_thread(Path(saved).read_bytes) == data
+    assert download.suggested_filename.startswith(object_id)
+    await console.shot("14-object-record")

@@ -254,8 +254,8 @@ function renderStream(view) {
 
   renderDefinition(d);
   renderActions(s);
-  const input = d.direction === "input";
-  $("sv-deliveries").hidden = !input;
+  // Input streams: their deliveries, in the input delivery view (streams:ops).
+  $("sv-deliveries").hidden = d.direction !== "input" || !hasScope("streams:ops");
 }
 
 function bar(name, label, value, ceiling, format) {
