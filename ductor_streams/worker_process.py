@@ -5,41 +5,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import signal
-from types import SimpleNamespace
 
-from ductor_streams import metrics
 from ductor_streams.config import Settings
-from ductor_streams.live.hub import NotificationHub
 from ductor_streams.logs import configure_logging
-from ductor_streams.store import Store
-from ductor_streams.store.db import create_pool
+from ductor_streams.runtime import open_runtime
 from ductor_streams.tracing import configure_tracing
 from ductor_streams.workers import worker_services
 
 
 async def run_worker_services(settings: Settings, stop: asyncio.Event) -> None:
-    """Open the store, run every worker service until ``stop`` is set, then close."""
-    dsn = settings.require_database()
+    """Open the runtime, run every worker service until ``stop`` is set, then close."""
     services = worker_services(settings)
-    pool = await create_pool(
-        dsn, min_size=min(1, settings.pool_min_size), max_size=settings.pool_max_size
-    )
-    metrics.track_pool("workers", pool)
-    hub = NotificationHub(dsn)
-    try:
-        await hub.start()
-        # The same shape the services get inside `serve`: `.state.store`, `.state.settings`.
-        holder = SimpleNamespace(
-            state=SimpleNamespace(store=Store(pool, hub=hub), settings=settings, hub=hub)
-        )
-        async with contextlib.AsyncExitStack() as stack:
-            for service in services:
-                await stack.enter_async_context(service(holder))
-            await stop.wait()
-    finally:
-        metrics.untrack_pool("workers", pool)
-        await hub.close()
-        await pool.close()
+    pool_min_size = min(1, settings.pool_min_size)
+    async with (
+        open_runtime(settings, name="workers", pool_min_size=pool_min_size) as runtime,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        for service in services:
+            await stack.enter_async_context(service(runtime))
+        await stop.wait()
 
 
 def run_workers(settings: Settings) -> int:

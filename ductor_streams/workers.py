@@ -1,18 +1,21 @@
 """Background workers that run inside ``serve`` (unless ``--no-workers``) and ``workers``.
 
-Each worker is an async context manager factory taking the app-like holder of shared
-resources; they start after the store and stop before it.
+Each worker is an async context manager factory taking the process's ``Runtime``
+(ductor_streams/runtime.py); they start after it is open and stop before it closes.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ductor_streams.config import Settings
 
-WorkerFactory = Callable[[Any], contextlib.AbstractAsyncContextManager[None]]
+if TYPE_CHECKING:
+    from ductor_streams.runtime import Runtime
+
+WorkerFactory = Callable[["Runtime"], contextlib.AbstractAsyncContextManager[None]]
 
 
 def worker_services(settings: Settings) -> list[WorkerFactory]:

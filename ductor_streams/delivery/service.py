@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -14,6 +14,9 @@ from ductor_streams import tracing
 from ductor_streams.config import Settings
 from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
 from ductor_streams.schema import QUERIES
+
+if TYPE_CHECKING:
+    from ductor_streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -53,17 +56,14 @@ class _InputWakes:
 
 
 @contextlib.asynccontextmanager
-async def dispatcher_service(app: Any) -> AsyncIterator[None]:
-    """Run one dispatcher for ``app.state.settings.tenant`` while the block runs.
-
-    ``app`` is anything with ``.state.store`` and ``.state.settings`` (the Litestar app
-    in ``serve``, a plain holder in ``workers``).
-    """
+async def dispatcher_service(runtime: Runtime) -> AsyncIterator[None]:
+    """Run one dispatcher for the settings' tenant while the block runs (the process's
+    runtime: ``serve``'s or ``workers``')."""
     from ductor_streams import temporal_connection
     from ductor_streams.delivery.temporal import TemporalWaitService
 
-    settings: Settings = app.state.settings
-    store = app.state.store
+    settings: Settings = runtime.settings
+    store = runtime.store
     # Connects on first delivery: Temporal being down delays input (rows back off, with
     # the reason in last_error) but never stops the process from starting.
     # With tracing on, the client carries Temporal's tracing interceptor: each signal's

@@ -10,7 +10,6 @@ from litestar import Litestar, Router
 from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
-from ductor_streams import metrics
 from ductor_streams.config import Settings
 from ductor_streams.http import (
     health,
@@ -32,10 +31,8 @@ from ductor_streams.http.observe import Request, route_template
 from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.problems import handle_exception
 from ductor_streams.http.records_front import RECORDS_TEMPLATE, answer_records, records_route
-from ductor_streams.live.hub import NotificationHub
 from ductor_streams.names import API_MOUNT
-from ductor_streams.store import Store
-from ductor_streams.store.db import create_pool
+from ductor_streams.runtime import Runtime, open_runtime
 
 # Each edge module contributes its route handlers here; all of them are guarded.
 API_ROUTES: list[Any] = [
@@ -48,7 +45,7 @@ API_ROUTES: list[Any] = [
     *routes_objects.ROUTES,
 ]
 
-Service = Callable[[Litestar], contextlib.AbstractAsyncContextManager[None]]
+Service = Callable[[Runtime], contextlib.AbstractAsyncContextManager[None]]
 
 
 def create_app(
@@ -56,30 +53,26 @@ def create_app(
     *,
     services: Sequence[Service] = (),
 ) -> StreamsApp:
-    """Build the app. ``services`` are extra lifespans (workers) started after the store."""
+    """Build the app. ``services`` are extra lifespans (workers), started after the
+    runtime (ductor_streams/runtime.py) with it, and stopped before it."""
     settings.require_jwt_secret()
-    dsn = settings.require_database()
+    settings.require_database()
 
     @contextlib.asynccontextmanager
     async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
-        pool = await create_pool(
-            dsn, min_size=settings.pool_min_size, max_size=settings.pool_max_size
-        )
-        metrics.track_pool("serve", pool)
-        hub = NotificationHub(dsn)
         try:
-            await hub.start()
-            app.state.store = Store(pool, hub=hub)
-            app.state.hub = hub
-            async with contextlib.AsyncExitStack() as stack:
-                for service in services:
-                    await stack.enter_async_context(service(app))
-                yield
+            async with open_runtime(settings, name="serve") as runtime:
+                app.state.runtime = runtime
+                # The handlers' names for the runtime's parts.
+                app.state.store = runtime.store
+                app.state.hub = runtime.hub
+                app.state.live_followers = runtime.followers
+                async with contextlib.AsyncExitStack() as stack:
+                    for service in services:
+                        await stack.enter_async_context(service(runtime))
+                    yield
         finally:
-            metrics.untrack_pool("serve", pool)
             await close_workers()
-            await hub.close()
-            await pool.close()
 
     api = Router(path=API_MOUNT, route_handlers=API_ROUTES, guards=[authorize])
     app = StreamsApp(
@@ -167,9 +160,9 @@ class StreamsApp(Litestar):
         """The server stops: end every SSE response now, with a reconnect hint (the
         clients resume on another replica from their Last-Event-ID). In-flight appends
         are left to finish; the server waits for them."""
-        followers = self.state.get("live_followers")
-        if followers is not None:
-            followers.drain()
+        runtime: Runtime | None = self.state.get("runtime")
+        if runtime is not None:
+            runtime.followers.drain()
 
 
 def _state(settings: Settings) -> Any:

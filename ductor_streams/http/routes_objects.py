@@ -18,7 +18,7 @@ from ductor_streams.errors import ObjectEvidenceMismatch
 from ductor_streams.http.access import check_egress, principal_of, stream_for
 from ductor_streams.http.codec import json_body, json_response
 from ductor_streams.http.routes_streams import STREAM
-from ductor_streams.objects import MAX_OBJECT_BYTES, BlobStores, ObjectIntent, PrepareRequest
+from ductor_streams.objects import MAX_OBJECT_BYTES, ObjectIntent, PrepareRequest
 from ductor_streams.objects.intents import ObjectService
 
 OBJECTS = STREAM + "/objects"
@@ -36,25 +36,9 @@ class PrepareBody(msgspec.Struct, forbid_unknown_fields=True):
 
 
 def object_service(request: Request[Any, Any, Any]) -> ObjectService:
-    """The app's object service, made on first use from the app's store and settings.
-
-    The intent lifetime is ``app.state.object_intent_ttl_seconds`` if set (tests), else
-    the settings' ``object_intent_ttl`` (``DUCTOR_STREAMS_OBJECT_INTENT_TTL``).
-    """
-    state = request.app.state
-    service: ObjectService | None = state.get("object_service")
-    if service is None or service.store is not state.store:
-        settings = state.settings
-        ttl = state.get("object_intent_ttl_seconds") or settings.object_intent_ttl
-        service = ObjectService(
-            state.store,
-            BlobStores(
-                settings.object_stores, credentials_file=settings.google_application_credentials
-            ),
-            region=settings.region,
-            intent_ttl_seconds=ttl,
-        )
-        state.object_service = service
+    """The app's object service (its runtime's, ductor_streams/runtime.py; the intent
+    lifetime is ``DUCTOR_STREAMS_OBJECT_INTENT_TTL``)."""
+    service: ObjectService = request.app.state.runtime.objects
     return service
 
 

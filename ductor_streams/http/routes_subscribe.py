@@ -50,18 +50,13 @@ SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 
 def followers_of(app: Litestar) -> Followers:
-    """The process's live delivery, created on first use over the app's pool and hub."""
+    """The process's live delivery (its runtime's followers, ductor_streams/runtime.py)."""
     return followers_in(app.state)
 
 
 def followers_in(state: Any) -> Followers:
     """``followers_of`` for the app's state (the fronts before Litestar have only that)."""
-    followers: Followers | None = state.get("live_followers")
-    if followers is None:
-        followers = Followers(state.store.pool, state.hub, state.settings.live)
-        state.live_followers = followers
-        # Appends of this process reach its subscribers without a read (store/append.py).
-        state.store.appender.feed = followers
+    followers: Followers = state.runtime.followers
     return followers
 
 

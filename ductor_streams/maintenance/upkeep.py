@@ -11,9 +11,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
@@ -29,6 +29,9 @@ from ductor_streams.maintenance.sweep import (
 from ductor_streams.objects.stores import BlobStores
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.outage import report_unavailable
+
+if TYPE_CHECKING:
+    from ductor_streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -119,18 +122,17 @@ async def _run_pass(
     return report
 
 
-def maintenance_worker(settings: Settings) -> Any:
-    """A worker factory for ``workers.worker_services``: given the app-like holder
-    (``.state.store``), runs a pass every ``interval_seconds`` until stopped."""
+def maintenance_worker(
+    settings: Settings,
+) -> Callable[[Runtime], contextlib.AbstractAsyncContextManager[None]]:
+    """A worker factory for ``workers.worker_services``: given the process's runtime,
+    runs a pass every ``interval_seconds`` until stopped."""
     config = settings.upkeep
 
     @contextlib.asynccontextmanager
-    async def run(app: Any) -> AsyncIterator[None]:
-        pool: asyncpg.Pool = app.state.store.pool
-        stores = BlobStores(
-            settings.object_stores, credentials_file=settings.google_application_credentials
-        )
-        task = asyncio.get_running_loop().create_task(_loop(pool, stores, config))
+    async def run(runtime: Runtime) -> AsyncIterator[None]:
+        stores = runtime.objects.stores
+        task = asyncio.get_running_loop().create_task(_loop(runtime.pool, stores, config))
         try:
             yield
         finally:

@@ -32,6 +32,7 @@ MODULES = [
     "ductor_streams.ops",
     "ductor_streams.schema.migrate",
     "ductor_streams.temporal_connection",
+    "ductor_streams.runtime",
 ]
 
 

@@ -1,0 +1,75 @@
+"""What a serving process shares, opened and closed in one place, in a fixed order.
+
+``open_runtime(settings)`` opens, in this order: the connection pool, the LISTEN hub,
+the store over both, the live followers (fed the process's own commits), and the object
+service. The workers (maintenance, the input dispatcher; ``workers.worker_services``)
+start after it, each given the ``Runtime``, and stop before it. On the way out the
+order is reversed: followers (their tasks stopped), hub, pool. ``serve`` opens one in
+the app's lifespan (http/app.py), ``workers`` one of its own (worker_process.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+
+from ductor_streams import metrics
+from ductor_streams.config import Settings
+from ductor_streams.live.followers import Followers
+from ductor_streams.live.hub import NotificationHub
+from ductor_streams.objects import BlobStores
+from ductor_streams.objects.intents import ObjectService
+from ductor_streams.store import Store
+from ductor_streams.store.db import create_pool
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """The shared parts of one process (see the module docstring for their order)."""
+
+    settings: Settings
+    pool: asyncpg.Pool
+    hub: NotificationHub
+    store: Store
+    followers: Followers
+    objects: ObjectService
+
+
+@contextlib.asynccontextmanager
+async def open_runtime(
+    settings: Settings, *, name: str, pool_min_size: int | None = None
+) -> AsyncIterator[Runtime]:
+    """Open a ``Runtime`` from the settings; ``name`` labels the pool's metrics."""
+    dsn = settings.require_database()
+    pool = await create_pool(
+        dsn,
+        min_size=settings.pool_min_size if pool_min_size is None else pool_min_size,
+        max_size=settings.pool_max_size,
+    )
+    metrics.track_pool(name, pool)
+    hub = NotificationHub(dsn)
+    followers: Followers | None = None
+    try:
+        await hub.start()
+        store = Store(pool, hub=hub)
+        followers = Followers(pool, hub, settings.live)
+        # Appends of this process reach its subscribers without a read (store/append.py).
+        store.appender.feed = followers
+        objects = ObjectService(
+            store,
+            BlobStores(
+                settings.object_stores, credentials_file=settings.google_application_credentials
+            ),
+            region=settings.region,
+            intent_ttl_seconds=settings.object_intent_ttl,
+        )
+        yield Runtime(settings, pool, hub, store, followers, objects)
+    finally:
+        if followers is not None:
+            await followers.close()
+        metrics.untrack_pool(name, pool)
+        await hub.close()
+        await pool.close()
