@@ -1,6 +1,6 @@
 """The benchmark suite: ``python -m bench`` (or ``make bench``) runs every part in one go.
 
-    python -m bench [--only append,sse,temporal,objects,tracing,ds] [--runs 3] [--seconds 5]
+    python -m bench [--only append,sse,temporal,objects,tracing,ds,reads] [--runs 3] [--seconds 5]
 
 Parts (each a module with ``main(argv) -> int``, run in its own process so that one
 part's event loop, threads or crash cannot disturb the next):
@@ -14,6 +14,8 @@ part's event loop, threads or crash cannot disturb the next):
   sampling, in one run (bench/tracing.py)
 - ``ds``: the Durable Streams endpoint beside the native one: appends/s with 1 and 16
   clients, records/s reading 100,000 records (bench/ds.py)
+- ``reads``: catch-up of 100,000 records from cursor 0, paged (``GET records?limit=1000``)
+  and as the SSE backfill, beside raw asyncpg pages of 1,000 (bench/reads.py)
 
 A part whose module is absent is reported and skipped. Every part gets the same
 Postgres server ($DUCTOR_STREAMS_BENCH_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL,
@@ -38,6 +40,7 @@ PARTS = {
     "objects": "bench.objects",
     "tracing": "bench.tracing",
     "ds": "bench.ds",
+    "reads": "bench.reads",
 }
 
 
@@ -66,7 +69,9 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(PARTS),
         help="comma-separated parts to run (default: all): " + ", ".join(PARTS),
     )
-    parser.add_argument("--runs", type=int, default=3, help="append, ds: runs per shape (median)")
+    parser.add_argument(
+        "--runs", type=int, default=3, help="append, ds, reads: runs per shape (median)"
+    )
     parser.add_argument("--seconds", type=float, default=5.0, help="append, ds: seconds per run")
     args = parser.parse_args(argv)
     chosen = [p.strip() for p in args.only.split(",") if p.strip()]
@@ -87,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
             part_argv = (
                 ["--runs", str(args.runs), "--seconds", str(args.seconds)]
                 if name in ("append", "ds")
+                else ["--runs", str(args.runs)]
+                if name == "reads"
                 else []
             )
             if _run_part(name, PARTS[name], part_argv, env) != 0:

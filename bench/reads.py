@@ -1,0 +1,250 @@
+"""Catch-up reads over HTTP beside raw asyncpg pages, in the same run.
+
+    python -m bench.reads [--runs 3] [--records 100000] [--limit 1000] [--json out.json]
+
+One isolated database and one real ``serve --no-workers``; one stream of ``--records``
+small records (``{"n": 1, "text": "hello"}``, appended natively 1,000 a batch). Each run
+reads the whole stream from cursor 0, three ways back to back (the order rotates by run,
+so that a drifting machine hits all alike):
+
+- **raw**: the baseline, raw asyncpg pages of ``--limit`` records
+  (``SELECT sequence, payload, size, appended_at, object ... WHERE sequence > $2 ORDER BY
+  sequence LIMIT $3``) on one connection, each following the last page's cursor;
+- **paged**: ``GET .../records?cursor=&limit=`` with one keep-alive client following
+  ``next_cursor`` (the client decodes each page with msgspec);
+- **sse**: ``GET .../subscribe?cursor=0`` (the native SSE backfill), read until the
+  event of the last record arrived.
+
+Printed: records/s (median over the runs), the ratio to raw paired per run (median),
+and the server's CPU per record read. The targets (issue 23): paged >= 500,000
+records/s and >= 0.4 of raw; SSE backfill >= 300,000 records/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import msgspec
+
+from bench.environment import (
+    bench_token,
+    isolated_database,
+    postgres_server,
+    process_cpu_seconds,
+    service,
+)
+from ductor_streams.schema.migrate import migrate
+
+API = "/api/workflow-streams"
+PAYLOAD = {"n": 1, "text": "hello"}
+UNLIMITED = {
+    "max_unread_items": None,
+    "max_unread_bytes": None,
+    "max_total_items": None,
+    "max_total_bytes": None,
+}
+RAW_PAGE = (
+    "SELECT sequence, payload, size, appended_at, object FROM workflow_streams.records"
+    " WHERE stream_pk = $1 AND sequence > $2 ORDER BY sequence LIMIT $3"
+)
+_RECORD_EVENT = b"event: record\n"
+
+
+class _Page(msgspec.Struct):
+    records: list[msgspec.Raw]
+    next_cursor: int
+    latest_sequence: int
+
+
+def fill(server: Any, headers: dict[str, str], records: int) -> tuple[str, str]:
+    """A stream holding ``records`` records (1,000-record native batches)."""
+    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    stream_id = f"r-{uuid.uuid4().hex[:10]}"
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
+        client.post(
+            f"{API}/runs/{run_id}/streams",
+            json={"stream_id": stream_id, "direction": "output", "credit": UNLIMITED},
+        ).raise_for_status()
+        body = {"records": [{"payload": PAYLOAD}] * 1000}
+        left = records
+        while left > 0:
+            n = min(1000, left)
+            client.post(
+                f"{API}/runs/{run_id}/streams/{stream_id}/records",
+                json={"records": body["records"][:n]},
+            ).raise_for_status()
+            left -= n
+    return run_id, stream_id
+
+
+async def raw_read(dsn: str, run_id: str, stream_id: str, limit: int) -> float:
+    """Records/s of raw asyncpg pages of ``limit`` over the whole stream."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        pk = await conn.fetchval(
+            "SELECT stream_pk FROM workflow_streams.streams WHERE run_id = $1 AND stream_id = $2",
+            run_id,
+            stream_id,
+        )
+        statement = await conn.prepare(RAW_PAGE)
+        count, cursor = 0, 0
+        started = time.perf_counter()
+        while True:
+            rows = await statement.fetch(pk, cursor, limit)
+            if not rows:
+                break
+            count += len(rows)
+            cursor = rows[-1]["sequence"]
+        return count / (time.perf_counter() - started)
+    finally:
+        await conn.close()
+
+
+def paged_read(
+    server: Any, headers: dict[str, str], run_id: str, stream_id: str, limit: int
+) -> tuple[float, float, int]:
+    """Records/s reading every page over HTTP, server CPU us per record, records read."""
+    decoder = msgspec.json.Decoder(_Page)
+    count, cursor = 0, 0
+    path = f"{API}/runs/{run_id}/streams/{stream_id}/records"
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
+        client.get(path, params={"cursor": 0, "limit": 1}).raise_for_status()  # connect
+        cpu_before = process_cpu_seconds(server.process.pid)
+        started = time.perf_counter()
+        while True:
+            response = client.get(path, params={"cursor": cursor, "limit": limit})
+            response.raise_for_status()
+            page = decoder.decode(response.content)
+            count += len(page.records)
+            cursor = page.next_cursor
+            if cursor >= page.latest_sequence:
+                break
+        elapsed = time.perf_counter() - started
+        cpu = process_cpu_seconds(server.process.pid) - cpu_before
+    return count / elapsed, 1e6 * cpu / max(1, count), count
+
+
+def sse_read(
+    server: Any, headers: dict[str, str], run_id: str, stream_id: str, records: int
+) -> tuple[float, float, int]:
+    """Records/s of the SSE backfill from cursor 0 until the last record's event arrived,
+    server CPU us per record, records received."""
+    path = f"{API}/runs/{run_id}/streams/{stream_id}/subscribe"
+    count = 0
+    carry = b""
+    with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
+        cpu_before = process_cpu_seconds(server.process.pid)
+        started = time.perf_counter()
+        with client.stream("GET", path, params={"cursor": 0}) as response:
+            response.raise_for_status()
+            for chunk in response.iter_raw():
+                data = carry + chunk
+                count += data.count(_RECORD_EVENT)
+                # An event line split across chunks is counted once, in the next chunk.
+                cut = data.rfind(b"\n")
+                carry = data[cut + 1 :] if cut >= 0 else data
+                if count >= records:
+                    break
+        elapsed = time.perf_counter() - started
+        cpu = process_cpu_seconds(server.process.pid) - cpu_before
+    return count / elapsed, 1e6 * cpu / max(1, count), count
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.reads",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--limit", type=int, default=1000, help="records per page (raw, paged)")
+    parser.add_argument("--json", help="also write the raw results here")
+    args = parser.parse_args(argv)
+
+    kinds = ["raw", "paged", "sse"]
+    results: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
+    loads: list[float] = []
+    with postgres_server() as server_dsn, isolated_database(server_dsn) as dsn:
+        asyncio.run(migrate(dsn))
+        with service(dsn) as (server, settings):
+            assert settings.jwt_secret is not None
+            headers = {"Authorization": f"Bearer {bench_token(settings.jwt_secret)}"}
+            run_id, stream_id = fill(server, headers, args.records)
+            for run in range(args.runs):
+                loads.append(os.getloadavg()[0])
+                order = kinds[run % 3 :] + kinds[: run % 3]
+                for kind in order:
+                    print(f"run {run + 1}/{args.runs}: {kind} ...", file=sys.stderr, flush=True)
+                    if kind == "raw":
+                        value = (asyncio.run(raw_read(dsn, run_id, stream_id, args.limit)), 0.0)
+                    elif kind == "paged":
+                        rate, cpu, n = paged_read(server, headers, run_id, stream_id, args.limit)
+                        if n != args.records:
+                            raise RuntimeError(f"paged read returned {n} records")
+                        value = (rate, cpu)
+                    else:
+                        rate, cpu, n = sse_read(server, headers, run_id, stream_id, args.records)
+                        if n != args.records:
+                            raise RuntimeError(f"SSE backfill delivered {n} records")
+                        value = (rate, cpu)
+                    results[kind].append(value)
+    raw = [r for r, _ in results["raw"]]
+    rows: list[dict[str, Any]] = []
+    for kind, target in (("raw", None), ("paged", 500_000), ("sse", 300_000)):
+        rates = [r for r, _ in results[kind]]
+        row = {
+            "kind": kind,
+            "records_per_s": statistics.median(rates),
+            "ratio_to_raw": statistics.median(r / b for r, b in zip(rates, raw, strict=True)),
+            "server_cpu_us_per_record": statistics.median(c for _, c in results[kind]),
+            "target": target,
+        }
+        rows.append(row)
+    print(f"reading {args.records:,} records from cursor 0, pages of {args.limit}")
+    header = f"{'read':28} {'records/s':>11} {'/ raw':>7} {'cpu us/rec':>10}  target"
+    print(header)
+    print("-" * len(header))
+    names = {
+        "raw": "raw asyncpg pages",
+        "paged": "GET records?limit=",
+        "sse": "SSE backfill (subscribe)",
+    }
+    for r in rows:
+        verdict = ""
+        if r["target"] is not None:
+            met = r["records_per_s"] >= r["target"]
+            if r["kind"] == "paged":
+                met = met and r["ratio_to_raw"] >= 0.4
+                verdict = f">= {r['target']:,}/s and >= 0.4: " + ("met" if met else "NOT met")
+            else:
+                verdict = f">= {r['target']:,}/s: " + ("met" if met else "NOT met")
+        cpu_text = f"{r['server_cpu_us_per_record']:>10.2f}" if r["kind"] != "raw" else f"{'-':>10}"
+        print(
+            f"{names[r['kind']]:28} {r['records_per_s']:>11,.0f} {r['ratio_to_raw']:>7.2f}"
+            f" {cpu_text}  {verdict}"
+        )
+    print(
+        f"(medians over {args.runs} runs; / raw: paired per run, median; cpu: the server's CPU"
+        f" per record; 1-minute load average at each run's start: "
+        + ", ".join(f"{x:.1f}" for x in loads)
+        + ")"
+    )
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rows": rows, "runs": results}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
