@@ -18,7 +18,7 @@ from ductor_streams.auth import Principal
 from ductor_streams.http.access import egress_check, principal_of, redaction_for, resolve_stream
 from ductor_streams.http.append_body import AppendBody as AppendBody  # for http/openapi.py
 from ductor_streams.http.append_body import Body, decode_append_body
-from ductor_streams.http.codec import encode_json, page_json
+from ductor_streams.http.codec import encode_json, page_json, page_text_json
 from ductor_streams.http.params import parse_cursor, parse_limit
 from ductor_streams.http.routes_streams import STREAM
 from ductor_streams.store import Store
@@ -77,13 +77,23 @@ async def read_answer(
     cursor: str | None,
     limit: str | None,
 ) -> Answer:
-    """A page of records after ``cursor`` (already authenticated with ``streams:read``)."""
+    """A page of records after ``cursor`` (already authenticated with ``streams:read``).
+
+    Without redaction Postgres writes the records' JSON (``store.read.read_page_text``):
+    profiled, building and encoding a Python object per record and field took over half
+    the server's time of a catch-up read. A page with an object reference, or a reader
+    with redaction, is read and encoded record by record."""
     after = parse_cursor(cursor)
     count = parse_limit(limit)
     ref = await resolve_stream(store, principal, run_id, stream_id, "read", "GET")
     egress_check(principal, home_region, ref)
+    redaction = redaction_for(principal, ref)
+    if not redaction:
+        text = await store.read_text(ref, after, count)
+        if text is not None:
+            return Answer(200, page_text_json(text))
     page = await store.read(ref, after, count)
-    return Answer(200, encode_json(page_json(page, redaction_for(principal, ref))))
+    return Answer(200, encode_json(page_json(page, redaction)))
 
 
 @post(

@@ -23,7 +23,7 @@ from ductor_streams.store.models import (
     StreamRef,
     StreamState,
 )
-from ductor_streams.store.read import read_page
+from ductor_streams.store.read import PageText, read_page, read_page_text
 from ductor_streams.store.receipts import Receipt, receipts_with_prefix
 from ductor_streams.store.wakes import WakeSender
 
@@ -31,6 +31,7 @@ __all__ = [
     "AppendResult",
     "EncodedBatch",
     "Page",
+    "PageText",
     "Receipt",
     "Record",
     "Store",
@@ -102,6 +103,11 @@ class Store:
 
     async def read(self, ref: StreamRef, cursor: int, limit: int) -> Page:
         return await read_page(self.pool, ref.stream_pk, cursor, limit)
+
+    async def read_text(self, ref: StreamRef, cursor: int, limit: int) -> PageText | None:
+        """``read`` with the records as the API's JSON text (``store.read.read_page_text``);
+        None when the page must be read with ``read`` (a record refers to an object)."""
+        return await read_page_text(self.pool, ref.stream_pk, cursor, limit)
 
     async def receipts(self, ref: StreamRef, key_prefix: str) -> list[Receipt]:
         """The stream's append receipts whose idempotency key starts with ``key_prefix``."""

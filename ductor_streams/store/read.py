@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 import asyncpg
 
@@ -38,10 +39,7 @@ def page_of_rows(rows: list[asyncpg.Record], cursor: int) -> Page:
         raise NotFound("stream does not exist")
     head = rows[0]
     latest, earliest = head["latest_sequence"], head["earliest_sequence"]
-    if cursor > latest:
-        raise CursorInFuture(f"cursor {cursor} is beyond the latest sequence {latest}")
-    if cursor + 1 < earliest:
-        raise CursorExpired(requested=cursor + 1, earliest=earliest, latest=latest)
+    _check_cursor(cursor, earliest, latest)
     records = [
         Record(
             sequence=r["sequence"],
@@ -59,4 +57,49 @@ def page_of_rows(rows: list[asyncpg.Record], cursor: int) -> Page:
         earliest_sequence=earliest,
         latest_sequence=latest,
         closed=head["closed"],
+    )
+
+
+def _check_cursor(cursor: int, earliest: int, latest: int) -> None:
+    if cursor > latest:
+        raise CursorInFuture(f"cursor {cursor} is beyond the latest sequence {latest}")
+    if cursor + 1 < earliest:
+        raise CursorExpired(requested=cursor + 1, earliest=earliest, latest=latest)
+
+
+@dataclass(frozen=True, slots=True)
+class PageText:
+    """A page whose records Postgres wrote as the API's JSON (``records_read_page_json``).
+
+    ``records_json`` is the records' JSON objects joined with commas (empty for none), as
+    ``http.codec.record_json`` encodes them without redaction."""
+
+    records_json: str
+    count: int
+    next_cursor: int
+    earliest_sequence: int
+    latest_sequence: int
+    closed: bool
+
+
+async def read_page_text(
+    pool: asyncpg.Pool | asyncpg.Connection, stream_pk: int, cursor: int, limit: int
+) -> PageText | None:
+    """``read_page`` with the records as JSON text, for a reader without redaction; None
+    when a record of the page refers to an object (then ``read_page`` reads it)."""
+    row = await pool.fetchrow(QUERIES["records_read_page_json"], stream_pk, cursor, limit)
+    if row is None:
+        raise NotFound("stream does not exist")
+    earliest, latest = row["earliest_sequence"], row["latest_sequence"]
+    _check_cursor(cursor, earliest, latest)
+    if row["has_objects"]:
+        return None
+    count = row["records"]
+    return PageText(
+        records_json=row["body"] or "",
+        count=count,
+        next_cursor=row["last_sequence"] if count else cursor,
+        earliest_sequence=earliest,
+        latest_sequence=latest,
+        closed=row["closed"],
     )

@@ -52,6 +52,35 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
  WHERE s.stream_pk = $1
  ORDER BY r.sequence;
 
+-- name: records_read_page_json
+-- records_read with the page's records already as the API's JSON (http/codec.py
+-- record_json, byte for byte), joined with commas: Postgres writes the text, so a page
+-- costs the server one string instead of a Python object per record and field. The
+-- payload is stored as compact JSON text and spliced in as is; appended_at is written as
+-- Python's datetime.isoformat() writes a UTC time (no fraction when it is zero). A page
+-- holding a record with an object reference says so (has_objects) and carries no body:
+-- its caller reads it with records_read instead (jsonb's text form is not compact).
+SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
+       p.records, p.last_sequence, p.has_objects,
+       CASE WHEN NOT p.has_objects THEN p.body END AS body
+  FROM workflow_streams.streams s
+ CROSS JOIN LATERAL (
+        SELECT count(*) AS records, max(r.sequence) AS last_sequence,
+               coalesce(bool_or(r.object IS NOT NULL), false) AS has_objects,
+               string_agg('{"sequence":' || r.sequence || ',"payload":' || r.payload
+                          || ',"size":' || r.size || ',"appended_at":"'
+                          || to_char(r.appended_at AT TIME ZONE 'UTC',
+                                     CASE WHEN date_trunc('second', r.appended_at) = r.appended_at
+                                          THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'
+                                          ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END)
+                          || '","object":null}', ',' ORDER BY r.sequence) AS body
+          FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object
+                  FROM workflow_streams.records rr
+                 WHERE rr.stream_pk = s.stream_pk AND rr.sequence > $2
+                 ORDER BY rr.sequence
+                 LIMIT $3) r) p
+ WHERE s.stream_pk = $1;
+
 -- name: records_read_bytes
 -- records_read with a byte budget as well ($4, the sum of the records' sizes): the page
 -- stops before the record that would pass it, but holds at least one record. Live
