@@ -6,6 +6,7 @@ stream (401, 404, 403 first)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import string
 from typing import Any
@@ -178,3 +179,55 @@ async def test_writer_headers_are_looked_at_after_access(ds: Ds, auth: TokenFact
     # With access decided, the headers are: 400.
     r = await ds.http.post(ds.url("acc"), headers={**_json(ds.headers), **BAD_WRITER}, content=body)
     assert_problem(r, 400, "invalid_producer")
+
+
+async def _raw_head(url: str, head: bytes) -> bytes:
+    """Send a request head (no body) and return the status line and headers of the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head)
+        await writer.drain()
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize(
+    ("content_type", "length"),
+    [("text/plain", 40_000_001), ("application/octet-stream", 48_000_001)],
+    ids=["text", "binary"],
+)
+async def test_a_body_past_its_modes_limit_is_refused_unread(
+    ds_server: Any, ds: Ds, content_type: str, length: int
+) -> None:
+    """A text body of more than 4 bytes per allowed character (40,000,000), or a binary one
+    past 48,000,000 bytes, cannot be within its limit: 413 from the announced length,
+    without waiting for a byte of the body (the JSON cap, 80 MiB, was every mode's)."""
+    r = await ds.http.put(ds.url("cap"), headers={**ds.headers, "Content-Type": content_type})
+    assert r.status_code == 201, r.text
+    head = (
+        f"POST {ds.url('cap')} HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: {ds.headers['Authorization']}\r\n"
+        f"Content-Type: {content_type}\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
+    answer = await _raw_head(ds_server.url, head)
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert b"application/problem+json" in answer
+
+
+async def test_a_text_append_in_another_charset_is_refused(
+    ds: Ds, pool: asyncpg.Pool, tenant: str
+) -> None:
+    r = await ds.http.put(ds.url("txt"), headers={**ds.headers, "Content-Type": "text/plain"})
+    assert r.status_code == 201, r.text
+    before = await fingerprint(pool, tenant)
+    # Bytes that are valid UTF-8 but said to be Latin-1: stored as UTF-8 they would read
+    # back as other text than the writer meant.
+    headers = {**ds.headers, "Content-Type": "text/plain; charset=iso-8859-1"}
+    r = await ds.http.post(ds.url("txt"), headers=headers, content="café".encode())
+    assert_problem(r, 400, "invalid_body")
+    assert await fingerprint(pool, tenant) == before
+    headers = {**ds.headers, "Content-Type": "text/plain; charset=UTF-8"}
+    r = await ds.http.post(ds.url("txt"), headers=headers, content="café".encode())
+    assert r.status_code == 204, r.text

@@ -65,12 +65,24 @@ def mode_of(media_type: str) -> Mode:
     return "bytes"
 
 
+def max_body(mode: Mode) -> int:
+    """The most bytes a request body of this mode can hold within its limits, so that a
+    longer one is refused (413) before it is read: a text body of more than 4 bytes per
+    character allowed cannot be within the character limit."""
+    if mode == "json":
+        return MAX_JSON_BODY
+    if mode == "text":
+        return 4 * TEXT_CHUNK_CHARS * MAX_BATCH_RECORDS
+    return MAX_BYTES_BODY
+
+
 def same_media_type(a: str, b: str) -> bool:
     """Whether two media types name the same type (case-insensitive, no parameters)."""
     return media_type_essence(a) == media_type_essence(b)
 
 
-def _check_text_charset(media_type: str) -> None:
+def check_text_charset(media_type: str) -> None:
+    """InvalidBody unless ``media_type`` names no charset or UTF-8."""
     for parameter in media_type.split(";")[1:]:
         name, _, value = parameter.partition("=")
         if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
@@ -95,7 +107,7 @@ async def encode_body(
         batch = await _json_body(body, create=create)
         return batch if batch.count else None
     if mode == "text":
-        _check_text_charset(media_type)
+        check_text_charset(media_type)
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:

@@ -44,8 +44,6 @@ from ductor_streams.http.records_front import read_body
 from ductor_streams.store import StreamKey, StreamRef, ds
 from ductor_streams.store.ds import WriteOutcome, WriterHeaders
 
-# Enough for the largest batch of any media type (http/ds/media.py).
-MAX_BODY = max(media.MAX_JSON_BODY, media.MAX_BYTES_BODY)
 # What a PUT's Content-Type must look like to be kept (else the protocol's default).
 _CREATE_TYPE = re.compile(r"^[\w.+-]+/[\w.+-]+")
 _MAX_SAFE_INTEGER = 2**53 - 1
@@ -63,9 +61,11 @@ def _flag(request: Request, name: str) -> bool:
     return value is not None and value.strip().lower() == "true"
 
 
-async def _body(request: Request) -> bytes:
+async def _body(request: Request, mode: media.Mode) -> bytes:
+    """The body, refused (413) past what its mode can hold before any more is read."""
+    limit = media.max_body(mode)
     return bytes(
-        await read_body(request.scope["headers"], request.receive, MAX_BODY)  # type: ignore[arg-type]
+        await read_body(request.scope["headers"], request.receive, limit)  # type: ignore[arg-type]
     )
 
 
@@ -90,8 +90,9 @@ async def create(request: Request) -> Reply:
         region=settings.region,
         object_store_regions=settings.object_store_regions,
     )
-    body = await _body(request)
-    batch = await media.encode_body(media.mode_of(media_type), media_type, body, create=True)
+    mode = media.mode_of(media_type)
+    body = await _body(request, mode)
+    batch = await media.encode_body(mode, media_type, body, create=True)
     store = request.state.store
     key = StreamKey(principal.tenant, request.run_id, request.stream_id)
     ref, created, _ = await ds.create(store.pool, store.directory, key, definition, batch, closed)
@@ -173,7 +174,8 @@ async def append(request: Request) -> Reply:
     store = request.state.store
     ref = await resolve_stream(store, principal, request.run_id, request.stream_id, "write", "POST")
     writer = _writer_headers(request)
-    body = await _body(request)
+    mode = media.mode_of(ref.definition.media_type)
+    body = await _body(request, mode)
     batch = None
     if not body:
         if not writer.close:
@@ -189,8 +191,12 @@ async def append(request: Request) -> Reply:
             raise Refusal(
                 MediaTypeMismatch(f"the stream's media type is {ref.definition.media_type}"), {}
             )
+        if mode == "text":
+            # The body is read as UTF-8: one that says it is another charset is refused,
+            # never stored as whatever its bytes happen to spell in UTF-8.
+            media.check_text_charset(content_type)
         media_type = ref.definition.media_type
-        batch = await media.encode_body(media.mode_of(media_type), media_type, body, create=False)
+        batch = await media.encode_body(mode, media_type, body, create=False)
     if writer.plain:
         assert batch is not None
         try:
