@@ -385,6 +385,13 @@ class ProducerSeqGap(StreamsError):
     status = 409
 
 
+class TooManyProducers(StreamsError):
+    """The stream has as many Durable Streams producers as it may; known ones still write."""
+
+    code = "too_many_producers"
+    status = 409
+
+
 class InvalidProducer(StreamsError):
     """The producer headers are malformed (all three, integers, a new epoch at seq 0)."""
 

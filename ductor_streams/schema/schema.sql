@@ -689,6 +689,12 @@ BEGIN
             IF p_seq <> 0 THEN
                 outcome := 'seq_gap';
                 producer_seq := 0;
+            ELSIF (SELECT count(*) FROM (SELECT 1 FROM workflow_streams.ds_producers
+                                          WHERE stream_pk = p_stream_pk LIMIT 10000) known)
+                  >= 10000 THEN
+                -- http/ds/writes.py MAX_PRODUCERS: counted under the stream's row lock,
+                -- so concurrent new producers cannot pass the cap together.
+                outcome := 'too_many_producers';
             END IF;
         ELSIF p_epoch < pr.epoch THEN
             outcome := 'stale_epoch';

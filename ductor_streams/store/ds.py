@@ -42,7 +42,7 @@ class WriterHeaders:
 
 @dataclass(frozen=True, slots=True)
 class WriteOutcome:
-    """What ``ds_append`` decided (its outcomes are listed in migration 0016)."""
+    """What ``ds_append`` decided (its outcomes are listed in migrations 0016 and 0024)."""
 
     outcome: str
     first_sequence: int | None

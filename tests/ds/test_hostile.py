@@ -15,6 +15,7 @@ import asyncpg
 import httpx
 import pytest
 
+from ductor_streams.http.ds.writes import MAX_PRODUCERS
 from tests.conftest import TokenFactory
 from tests.ds.conftest import Ds
 from tests.security.dbstate import fingerprint
@@ -231,3 +232,50 @@ async def test_a_text_append_in_another_charset_is_refused(
     headers = {**ds.headers, "Content-Type": "text/plain; charset=UTF-8"}
     r = await ds.http.post(ds.url("txt"), headers=headers, content="café".encode())
     assert r.status_code == 204, r.text
+
+
+async def test_producers_per_stream_are_capped(ds: Ds, pool: asyncpg.Pool, tenant: str) -> None:
+    """A writer inventing a Producer-Id per request cannot grow ds_producers without
+    limit: at MAX_PRODUCERS a new producer is 409 too_many_producers and writes nothing,
+    while a producer the stream knows goes on writing."""
+    await _json_stream(ds, "many")
+
+    def producer(pid: str, seq: int) -> dict[str, str]:
+        return {
+            **_json(ds.headers),
+            "Producer-Id": pid,
+            "Producer-Epoch": "0",
+            "Producer-Seq": str(seq),
+        }
+
+    r = await ds.http.post(ds.url("many"), headers=producer("known", 0), content=b"1")
+    assert r.status_code == 200, r.text
+    pk = await pool.fetchval(
+        "SELECT stream_pk FROM workflow_streams.streams"
+        " WHERE tenant = $1 AND run_id = $2 AND stream_id = 'many'",
+        tenant,
+        ds.run_id,
+    )
+    # The other MAX_PRODUCERS - 1 producers, as if each had written once.
+    await pool.execute(
+        "INSERT INTO workflow_streams.ds_producers (stream_pk, producer_id, epoch, last_seq)"
+        " SELECT $1, 'p' || g, 0, 0 FROM generate_series(2, $2) g",
+        pk,
+        MAX_PRODUCERS,
+    )
+    before = await fingerprint(pool, tenant)
+    r = await ds.http.post(ds.url("many"), headers=producer("one-too-many", 0), content=b"1")
+    assert_problem(r, 409, "too_many_producers")
+    assert await fingerprint(pool, tenant) == before
+    r = await ds.http.post(ds.url("many"), headers=producer("known", 1), content=b"2")
+    assert r.status_code == 200, r.text
+    # Below the cap again, a new producer is welcome.
+    await pool.execute(
+        "DELETE FROM workflow_streams.ds_producers WHERE stream_pk = $1 AND producer_id = 'p2'", pk
+    )
+    r = await ds.http.post(ds.url("many"), headers=producer("one-too-many", 0), content=b"1")
+    assert r.status_code == 200, r.text
+    count = await pool.fetchval(
+        "SELECT count(*) FROM workflow_streams.ds_producers WHERE stream_pk = $1", pk
+    )
+    assert count == MAX_PRODUCERS

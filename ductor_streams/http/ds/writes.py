@@ -29,6 +29,7 @@ from ductor_streams.errors import (
     QuotaExhausted,
     StreamClosed,
     StreamSeqConflict,
+    TooManyProducers,
 )
 from ductor_streams.http.access import resolve_stream
 from ductor_streams.http.ds import media
@@ -53,6 +54,8 @@ _DIGITS = re.compile(r"0|[1-9][0-9]{0,15}")
 # Producer-Id is a key of ds_producers: a Postgres btree entry holds at most ~2,700
 # bytes, and each character of a header (latin-1) is at most 2 bytes of UTF-8.
 MAX_PRODUCER_ID = 1024
+# Producers a stream keeps state for (ds_append refuses a new one past it, migration 0024).
+MAX_PRODUCERS = 10_000
 
 
 def _flag(request: Request, name: str) -> bool:
@@ -242,6 +245,10 @@ def _answer(ref: StreamRef, writer: WriterHeaders, outcome: WriteOutcome) -> Rep
                 "Producer-Expected-Seq": str(outcome.producer_seq),
                 "Producer-Received-Seq": str(writer.producer_seq),
             },
+        )
+    if name == "too_many_producers":
+        raise TooManyProducers(
+            f"the stream has {MAX_PRODUCERS:,} producers; a new Producer-Id is refused"
         )
     if name == "stream_seq_conflict":
         raise StreamSeqConflict()
