@@ -279,3 +279,25 @@ async def test_producers_per_stream_are_capped(ds: Ds, pool: asyncpg.Pool, tenan
         "SELECT count(*) FROM workflow_streams.ds_producers WHERE stream_pk = $1", pk
     )
     assert count == MAX_PRODUCERS
+
+
+async def test_another_tenant_never_sees_or_writes_the_stream(
+    ds: Ds, pool: asyncpg.Pool, tenant: str, auth: TokenFactory
+) -> None:
+    """Tenant B's token on tenant A's run and stream names: 404 for reads and writes, and a
+    PUT makes B's own stream, never touching A's."""
+    await _json_stream(ds, "iso")
+    other = auth(tenant=f"{tenant}-b")
+    before = await fingerprint(pool, tenant)
+    for method, url in (("GET", "?offset=-1"), ("HEAD", ""), ("GET", "?offset=-1&live=sse")):
+        r = await ds.http.request(method, ds.url("iso") + url, headers=other)
+        assert r.status_code == 404, (method, url, r.status_code)
+    r = await ds.http.post(ds.url("iso"), headers=_json(other), content=b"[9]")
+    assert_problem(r, 404, "not_found")
+    r = await ds.http.put(ds.url("iso"), headers=_json(other), content=b"[7]")
+    assert r.status_code == 201, r.text  # B's own stream of the same names
+    assert await fingerprint(pool, tenant) == before
+    r = await ds.http.get(ds.url("iso") + "?offset=-1", headers=other)
+    assert r.json() == [7]
+    r = await ds.http.get(ds.url("iso") + "?offset=-1", headers=ds.headers)
+    assert r.json() == [1, 2, 3]
