@@ -483,6 +483,11 @@ async def test_live_tail_in_order_and_resumes_across_a_restart(
             await page.click("#tail-toggle")
             await expect(page.locator('#tail tr[data-seq="8"]')).to_be_visible(timeout=5000)
             assert await _tail_sequences(page) == [2, 3, 4, 5, 6, 7, 8]
+            # The state follows the tail, and the outage's error is gone.
+            await expect(page.locator('#sv-state dd[data-field="latest sequence"]')).to_have_text(
+                "8"
+            )
+            await expect(page.locator("#error")).to_be_hidden()
             points = await page.get_attribute("#tail-spark polyline", "points")
             assert points and len(points.split(" ")) == 60
             await view.shot("13-tail-resumed")

@@ -28,6 +28,8 @@ const tail = {
   lastId: null, // the last sequence shown: resumes with Last-Event-ID
   arrivals: [], // appended_at (ms) of the records seen, for the sparkline
   sparkTimer: null,
+  stateTimer: null,
+  sparkAt: 0,
 };
 
 function streamPath(run, stream) {
@@ -579,6 +581,7 @@ async function runTail(key) {
       }
       setConnection("live", resuming ? `live (resumed after ${tail.lastId})` : `live from sequence ${streams.view ? streams.view.state.latest_sequence + 1 : 1}`);
       backoff = 250;
+      if (resuming) stateSoon(); // the server is back: refresh what the poll showed stale
       const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
       let buffer = "";
       for (;;) {
@@ -620,11 +623,19 @@ async function runTail(key) {
   }
 }
 
+// While tailing, the state, credit and consumers follow the records shown (one read at
+// most every half second), not only the 3 s poll.
+function stateSoon() {
+  if (tail.stateTimer) return;
+  tail.stateTimer = setTimeout(() => { tail.stateTimer = null; loadStream(); }, 500);
+}
+
 function onTailRecord(record) {
   // Sequences come once and in order; a record at or below the last one shown would be
   // a duplicate and is not shown again.
   if (tail.lastId !== null && record.sequence <= tail.lastId) return;
   tail.lastId = record.sequence;
+  stateSoon();
   const body = $("tail").querySelector("tbody");
   body.append(recordRow(record, true));
   while (body.rows.length > TAIL_MAX_ROWS) body.deleteRow(0);
@@ -632,10 +643,13 @@ function onTailRecord(record) {
   wrap.scrollTop = wrap.scrollHeight;
   tail.arrivals.push(Date.parse(record.appended_at) || Date.now());
   if (tail.arrivals.length > 10_000) tail.arrivals.splice(0, tail.arrivals.length - 10_000);
+  if (Date.now() - tail.sparkAt > 250) renderSpark(); // else the 1 s tick draws it
+
 }
 
 function renderSpark() {
   const now = Date.now();
+  tail.sparkAt = now;
   const counts = new Array(SPARK_SECONDS).fill(0);
   for (const at of tail.arrivals) {
     const age = Math.floor((now - at) / 1000);
