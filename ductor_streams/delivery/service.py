@@ -14,6 +14,7 @@ from ductor_streams import tracing
 from ductor_streams.config import Settings
 from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
 from ductor_streams.schema import QUERIES
+from ductor_streams.store.models import StreamRef
 
 if TYPE_CHECKING:
     from ductor_streams.runtime import Runtime
@@ -25,11 +26,20 @@ class _InputWakes:
     """Turns the hub's wakes into dispatcher wakes, for input streams only (an output
     stream's appends create no deliveries). A stream's direction never changes."""
 
-    def __init__(self, pool: asyncpg.Pool, dispatcher: Dispatcher) -> None:
+    def __init__(self, pool: asyncpg.Pool, dispatcher: Dispatcher, tenant: str) -> None:
         self._pool = pool
         self._dispatcher = dispatcher
+        self._tenant = tenant
         self._is_input: dict[int, bool] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+
+    def local(self, ref: StreamRef) -> None:
+        """An append of this process to an input stream committed (``Store.input_appended``):
+        the dispatcher claims at once, without the LISTEN round trip or a lookup."""
+        if ref.key.tenant != self._tenant:
+            return
+        self._is_input[ref.stream_pk] = True
+        self._dispatcher.notify()
 
     def __call__(self, stream_pk: int) -> None:
         known = self._is_input.get(stream_pk)
@@ -82,7 +92,9 @@ async def dispatcher_service(runtime: Runtime) -> AsyncIterator[None]:
         config=DispatcherConfig(**settings.dispatcher_overrides()),
     )
     hub = getattr(store, "hub", None)
-    undo = hub.subscribe_any(_InputWakes(store.pool, dispatcher)) if hub is not None else None
+    wakes = _InputWakes(store.pool, dispatcher, settings.tenant)
+    undo = hub.subscribe_any(wakes) if hub is not None else None
+    store.input_appended = wakes.local
     task = asyncio.get_running_loop().create_task(dispatcher.run(), name="input-dispatcher")
     log.info("input dispatcher started", extra={"owner": dispatcher.owner})
     try:
@@ -90,6 +102,7 @@ async def dispatcher_service(runtime: Runtime) -> AsyncIterator[None]:
     finally:
         if undo is not None:
             undo()
+        store.input_appended = None
         dispatcher.stop()
         with contextlib.suppress(asyncio.CancelledError):
             await task

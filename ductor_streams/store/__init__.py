@@ -5,6 +5,8 @@ Knows nothing of HTTP or Temporal; the edges (``http``, ``activities``) call ``S
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import asyncpg
 
 from ductor_streams import metrics
@@ -58,6 +60,9 @@ class Store:
         self.wakes = WakeSender(pool)
         self.appender = Appender(pool, self.wakes)
         self._poll_interval = poll_interval
+        # Called with the stream once an append to an input stream has committed (this
+        # process's dispatcher, delivery/service.py); the wake through LISTEN still goes.
+        self.input_appended: Callable[[StreamRef], None] | None = None
 
     async def create_stream(
         self, key: StreamKey, definition: StreamDefinition
@@ -80,15 +85,20 @@ class Store:
         credit = ref.definition.credit
         try:
             if credit.on_unread_full != "block" or credit.block_timeout_ms <= 0:
-                return _counted(ref, batch, await self.appender.append(ref.stream_pk, batch))
-            result = await append_blocking(
-                self.appender,
-                self.hub,
-                ref,
-                batch,
-                wait_seconds=credit.block_timeout_ms / 1000,
-                poll_interval=self._poll_interval,
-            )
+                result = await self.appender.append(ref.stream_pk, batch)
+            else:
+                result = await append_blocking(
+                    self.appender,
+                    self.hub,
+                    ref,
+                    batch,
+                    wait_seconds=credit.block_timeout_ms / 1000,
+                    poll_interval=self._poll_interval,
+                )
+            if ref.is_input and not result.replayed and self.input_appended is not None:
+                # Committed: this process's dispatcher may claim the deliveries now,
+                # without waiting for the wake to come back through LISTEN.
+                self.input_appended(ref)
             return _counted(ref, batch, result)
         except QuotaExhausted:
             metrics.CREDIT_REJECTIONS.labels(reason="quota").inc()

@@ -1,0 +1,57 @@
+"""An append of this process to an input stream wakes this process's dispatcher as soon
+as it has committed (``Store.input_appended``), without the LISTEN round trip; the wake
+through Postgres still goes for every other process."""
+
+from __future__ import annotations
+
+import asyncpg
+
+from ductor_streams.delivery.service import _InputWakes
+from ductor_streams.store import Store, encode_batch
+from ductor_streams.store.models import StreamRef
+from tests.support.credit import make_stream
+
+
+class _Dispatcher:
+    def __init__(self) -> None:
+        self.wakes = 0
+
+    def notify(self) -> None:
+        self.wakes += 1
+
+
+async def test_a_committed_input_append_is_announced_once(pool: asyncpg.Pool) -> None:
+    store = Store(pool)
+    seen: list[StreamRef] = []
+    store.input_appended = seen.append
+    inp = await make_stream(store, direction="input", max_unread_items=None)
+    out = await make_stream(store, max_unread_items=None)
+    await store.append(inp, encode_batch([1, 2], idempotency_key="k"))
+    await store.append(out, encode_batch([1], idempotency_key=None))
+    assert seen == [inp]
+    # Its delivery rows are committed.
+    rows = await pool.fetchval(
+        "SELECT count(*) FROM workflow_streams.input_deliveries WHERE stream_pk = $1",
+        inp.stream_pk,
+    )
+    assert rows == 2
+    # A replay committed nothing new: nothing to announce.
+    again = await store.append(inp, encode_batch([1, 2], idempotency_key="k"))
+    assert again.replayed and len(seen) == 1
+    await store.append(inp, encode_batch([3], idempotency_key=None))
+    assert seen == [inp, inp]
+
+
+async def test_the_dispatcher_takes_local_appends_of_its_tenant_only(pool: asyncpg.Pool) -> None:
+    store = Store(pool)
+    dispatcher = _Dispatcher()
+    wakes = _InputWakes(pool, dispatcher, "tenant-a")  # type: ignore[arg-type]
+    ours = await make_stream(store, tenant="tenant-a", direction="input", max_unread_items=None)
+    theirs = await make_stream(store, tenant="tenant-b", direction="input", max_unread_items=None)
+    wakes.local(theirs)
+    assert dispatcher.wakes == 0
+    wakes.local(ours)
+    assert dispatcher.wakes == 1
+    # The stream is known to be an input stream now: its wakes need no lookup.
+    wakes(ours.stream_pk)
+    assert dispatcher.wakes == 2
