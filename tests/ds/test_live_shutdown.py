@@ -1,7 +1,8 @@
 """DS live reads against their own real server: with a pool of 2 connections, 20
 long-polls and 10 SSE readers waiting at the tail hold none of them (an append answers,
 and every reader gets its record), and SIGTERM ends the waiting ones at once (long-polls
-answer 204, SSE responses end) and the server exits within its budget."""
+answer 204, SSE responses end) and the server exits within its budget; and a DS SSE
+response ends when its token expires, however long the setting lets it last."""
 
 from __future__ import annotations
 
@@ -114,3 +115,24 @@ async def test_waiting_live_reads_hold_no_connection_and_end_at_sigterm(
             assert time.monotonic() - started < 10
     finally:
         server.stop()
+
+
+@pytest.mark.timeout(120)
+async def test_a_ds_sse_response_ends_when_its_token_expires(
+    settings: Settings, run_id: str, auth: TokenFactory, tmp_path: Path
+) -> None:
+    env = {"DUCTOR_STREAMS_DS_SSE_SECONDS": "600", "DUCTOR_STREAMS_SSE_KEEPALIVE_SECONDS": "0.2"}
+    url = f"{API}/runs/{run_id}/ds/v1/stream/expiring"
+    with ServerProcess(settings, extra_env=env, log_path=tmp_path / "server.log") as server:
+        async with httpx.AsyncClient(base_url=server.url, timeout=60) as http:
+            admin = {**auth(), "Content-Type": "application/json"}
+            assert (await http.put(url, headers=admin, content=b"[1]")).status_code == 201
+            short = auth(ttl=3)
+            started = time.monotonic()
+            async with http.stream("GET", url + "?offset=-1&live=sse", headers=short) as r:
+                assert r.status_code == 200
+                frames = b"".join([chunk async for chunk in r.aiter_raw()])
+            lasted = time.monotonic() - started
+    assert b"event: data\ndata:[1]" in frames
+    # It ended with the token (at most 3 s), not after the 600 s the setting allows.
+    assert lasted < 10, lasted
