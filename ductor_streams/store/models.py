@@ -6,6 +6,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+import msgspec
+
 from ductor_streams.definitions import StreamDefinition
 
 
@@ -68,9 +70,12 @@ class StreamState:
         }
 
 
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A stored record. ``payload`` is its compact JSON text, exactly as stored."""
+class Record(msgspec.Struct, frozen=True):
+    """A stored record. ``payload`` is its compact JSON text, exactly as stored.
+
+    A frozen msgspec Struct rather than a frozen dataclass: every record a read returns
+    is made one by one, and a frozen dataclass's ``__init__`` (``object.__setattr__`` per
+    field) cost several times as much (the SSE backfill's profile, docs/speed.md)."""
 
     sequence: int
     payload: str
