@@ -25,6 +25,7 @@ from ductor_streams.errors import (
     NotFound,
     Unauthenticated,
 )
+from ductor_streams.http.state import runtime_of
 from ductor_streams.http.tokens import VERIFIED_TOKENS
 from ductor_streams.logs import stream_fields
 from ductor_streams.store import Store, StreamKey, StreamRef
@@ -89,7 +90,7 @@ def principal_of(request: Request[Any, Any, Any]) -> Principal:
 async def stream_for(request: Request[Any, Any, Any], access: Access) -> StreamRef:
     """The stream named by the path, if this principal may use it as ``access``."""
     return await resolve_stream(
-        request.app.state.store,
+        runtime_of(request).store,
         principal_of(request),
         request.path_params["run_id"],
         request.path_params["stream_id"],

@@ -31,6 +31,7 @@ from ductor_streams.http.observe import Request, route_template
 from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.problems import handle_exception
 from ductor_streams.http.records_front import RECORDS_TEMPLATE, answer_records, records_route
+from ductor_streams.http.state import runtime_in
 from ductor_streams.names import API_MOUNT
 from ductor_streams.runtime import Runtime, open_runtime
 
@@ -62,11 +63,8 @@ def create_app(
     async def store_lifespan(app: Litestar) -> AsyncIterator[None]:
         try:
             async with open_runtime(settings, name="serve") as runtime:
+                # Handlers reach its parts through http/state.py's runtime_of.
                 app.state.runtime = runtime
-                # The handlers' names for the runtime's parts.
-                app.state.store = runtime.store
-                app.state.hub = runtime.hub
-                app.state.live_followers = runtime.followers
                 async with contextlib.AsyncExitStack() as stack:
                     for service in services:
                         await stack.enter_async_context(service(runtime))
@@ -129,7 +127,7 @@ class StreamsApp(Litestar):
             status = 0  # no answer (the client went away, or the server is stopping)
             try:
                 status = await answer_records(
-                    self.state, scope, receive, send, route, request.request_id
+                    runtime_in(self.state), scope, receive, send, route, request.request_id
                 )
             finally:
                 request.end(RECORDS_TEMPLATE, status)
@@ -137,7 +135,8 @@ class StreamsApp(Litestar):
         ds = ds_route(scope)
         if ds is not None:
             try:
-                await answer_ds(self.state, scope, receive, request.tagged_send(send), ds)
+                runtime = runtime_in(self.state)
+                await answer_ds(runtime, scope, receive, request.tagged_send(send), ds)
             finally:
                 request.end(DS_TEMPLATE)
             return

@@ -9,6 +9,7 @@ from litestar import Request, Response, get
 
 from ductor_streams.errors import StreamsError
 from ductor_streams.http.codec import json_response
+from ductor_streams.http.state import runtime_of
 from ductor_streams.schema.migrate import is_current
 from ductor_streams.store.db import database_unavailable
 
@@ -40,7 +41,7 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[bytes]:
     """
     try:
         async with asyncio.timeout(READY_TIMEOUT_SECONDS):
-            async with request.app.state.store.pool.acquire() as conn:
+            async with runtime_of(request).pool.acquire() as conn:
                 current = await is_current(conn)
     except TimeoutError as exc:
         raise NotReady("the database does not answer") from exc

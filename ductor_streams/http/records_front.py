@@ -29,6 +29,7 @@ from ductor_streams.http.observe import REQUEST_ID_HEADER
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
 from ductor_streams.http.routes_records import MAX_APPEND_BODY, append_answer, read_answer
 from ductor_streams.names import API_MOUNT
+from ductor_streams.runtime import Runtime
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -63,27 +64,27 @@ def is_records_request(scope: Scope) -> bool:
 
 
 async def answer_records(
-    state: Any,
+    runtime: Runtime,
     scope: Scope,
     receive: Receive,
     send: Send,
     route: re.Match[str],
     request_id: str,
 ) -> int:
-    """Answer an append (POST) or read (GET) of records; ``state`` is the app's state,
+    """Answer an append (POST) or read (GET) of records; ``runtime`` is the process's,
     ``route`` what ``records_route`` matched, ``request_id`` what the answer echoes.
     Returns the answer's status (0: the client went away unanswered)."""
     path: str = scope["path"]
     run_id, stream_id = route.group(1), route.group(2)
     headers: list[tuple[bytes, bytes]] = scope["headers"]
     try:
-        settings = state.settings
+        settings = runtime.settings
         if scope["method"] == "POST":
             principal = authenticate(
                 headers, run_id, "streams:write", settings.require_jwt_secret()
             )
             answer = await append_answer(
-                state.store,
+                runtime.store,
                 principal,
                 run_id,
                 stream_id,
@@ -95,7 +96,7 @@ async def answer_records(
             principal = authenticate(headers, run_id, "streams:read", settings.require_jwt_secret())
             query = _first_values(scope.get("query_string", b""))
             answer = await read_answer(
-                state.store,
+                runtime.store,
                 principal,
                 settings.region,
                 run_id,

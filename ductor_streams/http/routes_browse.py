@@ -18,6 +18,7 @@ from ductor_streams.errors import InvalidFilter, NotFound
 from ductor_streams.http.access import principal_of
 from ductor_streams.http.codec import json_response
 from ductor_streams.http.routes_streams import RUN
+from ductor_streams.http.state import runtime_of
 from ductor_streams.ops import filters
 from ductor_streams.store import browse
 
@@ -74,7 +75,7 @@ async def list_streams(request: Request[Any, Any, Any]) -> Response[bytes]:
         closed=_closed(params.get("closed")),
     )
     page = await browse.list_streams(
-        request.app.state.store.pool,
+        runtime_of(request).pool,
         _viewer(request),
         where,
         limit=filters.parse_limit(params.get("limit")),
@@ -90,7 +91,7 @@ async def list_run_streams(request: Request[Any, Any, Any]) -> Response[bytes]:
     after = browse.parse_page(params.get("page"))
     run_id = request.path_params["run_id"]
     page = await browse.list_streams(
-        request.app.state.store.pool,
+        runtime_of(request).pool,
         _viewer(request),
         browse.StreamFilter(run_id=run_id),
         limit=filters.parse_limit(params.get("limit")),

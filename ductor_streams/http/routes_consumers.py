@@ -12,6 +12,7 @@ from ductor_streams.errors import AckInFuture, ConsumerNotFound, InvalidBody
 from ductor_streams.http.access import stream_for
 from ductor_streams.http.codec import json_body, json_response
 from ductor_streams.http.routes_streams import STREAM
+from ductor_streams.http.state import runtime_of
 
 
 class AckBody(msgspec.Struct, forbid_unknown_fields=True):
@@ -30,7 +31,7 @@ async def ack_consumer(request: Request[Any, Any, Any]) -> Response[bytes]:
     consumer_id = request.path_params["consumer_id"]
     if not CONSUMER_ID_RE.fullmatch(consumer_id):
         raise ConsumerNotFound(f"no consumer {consumer_id!r} on this stream")
-    acked = await request.app.state.store.ack(ref, consumer_id, body.sequence)
+    acked = await runtime_of(request).store.ack(ref, consumer_id, body.sequence)
     return json_response({"consumer_id": consumer_id, "acked_sequence": acked})
 
 

@@ -13,6 +13,7 @@ import asyncpg
 from litestar import Request, Response, get
 
 from ductor_streams import metrics
+from ductor_streams.http.state import runtime_of
 
 log = logging.getLogger(__name__)
 
@@ -21,7 +22,7 @@ log = logging.getLogger(__name__)
 async def prometheus_metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every metric of this process, plus delivery states read from Postgres now."""
     try:
-        await metrics.refresh_from_database(request.app.state.store.pool)
+        await metrics.refresh_from_database(runtime_of(request).pool)
     except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
         # The process's own counters are still worth a scrape; the gauges keep their
         # last values.

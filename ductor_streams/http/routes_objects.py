@@ -18,6 +18,7 @@ from ductor_streams.errors import ObjectEvidenceMismatch
 from ductor_streams.http.access import check_egress, principal_of, stream_for
 from ductor_streams.http.codec import json_body, json_response
 from ductor_streams.http.routes_streams import STREAM
+from ductor_streams.http.state import runtime_of
 from ductor_streams.objects import MAX_OBJECT_BYTES, ObjectIntent, PrepareRequest
 from ductor_streams.objects.intents import ObjectService
 
@@ -38,7 +39,7 @@ class PrepareBody(msgspec.Struct, forbid_unknown_fields=True):
 def object_service(request: Request[Any, Any, Any]) -> ObjectService:
     """The app's object service (its runtime's, ductor_streams/runtime.py; the intent
     lifetime is ``DUCTOR_STREAMS_OBJECT_INTENT_TTL``)."""
-    service: ObjectService = request.app.state.runtime.objects
+    service: ObjectService = runtime_of(request).objects
     return service
 
 

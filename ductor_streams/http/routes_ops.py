@@ -25,6 +25,7 @@ from ductor_streams import ops
 from ductor_streams.errors import EgressDenied, InvalidFilter, NotFound
 from ductor_streams.http.access import check_egress, principal_of, redaction_for
 from ductor_streams.http.codec import json_body, json_response
+from ductor_streams.http.state import runtime_of
 from ductor_streams.ops import filters
 from ductor_streams.redaction import redact_json_text
 from ductor_streams.store import StreamKey
@@ -66,7 +67,7 @@ async def list_deliveries(request: Request[Any, Any, Any]) -> Response[bytes]:
     limit = filters.parse_limit(params.get("limit"))
     after = filters.parse_page(params.get("page"))
     page = await ops.list_deliveries(
-        request.app.state.store.pool, _view(request), where, limit=limit, after=after
+        runtime_of(request).pool, _view(request), where, limit=limit, after=after
     )
     return json_response(page.to_json_dict())
 
@@ -75,9 +76,7 @@ async def list_deliveries(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def show_delivery(request: Request[Any, Any, Any]) -> Response[bytes]:
     """One delivery and its record; the payload only when the token may read it."""
     _params(request, set())
-    detail = await ops.get_delivery(
-        request.app.state.store.pool, _view(request), _delivery_id(request)
-    )
+    detail = await ops.get_delivery(runtime_of(request).pool, _view(request), _delivery_id(request))
     body = detail.delivery.to_json_dict()
     body["record"] = await _record_json(request, detail)
     return json_response(body)
@@ -108,7 +107,7 @@ async def _visible_payload(
     if not principal.has("streams:read"):
         return None, "the token lacks streams:read"
     delivery = detail.delivery
-    ref = await request.app.state.store.get_stream(
+    ref = await runtime_of(request).store.get_stream(
         StreamKey(principal.tenant, delivery.run_id, delivery.stream_id)
     )
     if not ref.definition.may_read(principal.sub):
@@ -132,7 +131,7 @@ async def retry_delivery(request: Request[Any, Any, Any]) -> Response[bytes]:
     if await request.body():
         await json_body(request, RetryBody)
     delivery = await ops.retry_delivery(
-        request.app.state.store.pool,
+        runtime_of(request).pool,
         _view(request),
         _delivery_id(request),
         retried_by=principal_of(request).sub,
@@ -146,7 +145,7 @@ async def list_gaps(request: Request[Any, Any, Any]) -> Response[bytes]:
     ``limit``, ``page``)."""
     params = _params(request, {"run", "stream", "limit", "page"})
     page = await ops.list_gaps(
-        request.app.state.store.pool,
+        runtime_of(request).pool,
         _view(request),
         filters.gap_filter(params),
         limit=filters.parse_limit(params.get("limit")),
@@ -163,7 +162,7 @@ async def summary(request: Request[Any, Any, Any]) -> Response[bytes]:
     limit = (
         filters.parse_limit(params["limit"]) if "limit" in params else filters.MAX_SUMMARY_STREAMS
     )
-    result = await ops.summarize(request.app.state.store.pool, _view(request), max_streams=limit)
+    result = await ops.summarize(runtime_of(request).pool, _view(request), max_streams=limit)
     return json_response(result.to_json_dict())
 
 

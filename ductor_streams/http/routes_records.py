@@ -21,6 +21,7 @@ from ductor_streams.http.append_body import Body, decode_append_body
 from ductor_streams.http.codec import encode_json, page_json, page_text_json
 from ductor_streams.http.params import parse_cursor, parse_limit
 from ductor_streams.http.routes_streams import STREAM
+from ductor_streams.http.state import runtime_of
 from ductor_streams.store import Store
 
 # 1,000 records of 64 KiB, with room for JSON escapes in the request's own encoding.
@@ -105,7 +106,7 @@ async def read_answer(
 async def append_records(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Append 1 to 1,000 records atomically; ``Idempotency-Key`` makes retries safe."""
     answer = await append_answer(
-        request.app.state.store,
+        runtime_of(request).store,
         principal_of(request),
         request.path_params["run_id"],
         request.path_params["stream_id"],
@@ -119,7 +120,7 @@ async def append_records(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def read_records(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Records with ``sequence > cursor``, ascending, at most ``limit``."""
     answer = await read_answer(
-        request.app.state.store,
+        runtime_of(request).store,
         principal_of(request),
         request.app.state.settings.region,
         request.path_params["run_id"],

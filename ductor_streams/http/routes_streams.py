@@ -10,6 +10,7 @@ from litestar import Request, Response, get, post, put
 from ductor_streams.definitions import parse_definition
 from ductor_streams.http.access import principal_of, stream_for
 from ductor_streams.http.codec import json_body, json_response
+from ductor_streams.http.state import runtime_of
 
 # The API's mount point; route paths below are relative to it.
 from ductor_streams.store import StreamKey
@@ -27,7 +28,7 @@ async def create_stream(request: Request[Any, Any, Any]) -> Response[bytes]:
         region=settings.region,
         object_store_regions=settings.object_store_regions,
     )
-    store = request.app.state.store
+    store = runtime_of(request).store
     key = StreamKey(
         principal_of(request).tenant, request.path_params["run_id"], definition.stream_id
     )
@@ -43,7 +44,7 @@ async def create_stream(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def read_stream(request: Request[Any, Any, Any]) -> Response[bytes]:
     """The definition and the current state (metadata: not egress-checked)."""
     ref = await stream_for(request, "read")
-    state = await request.app.state.store.state(ref)
+    state = await runtime_of(request).store.state(ref)
     return json_response(
         {"definition": ref.definition.to_json_dict(), "state": state.to_json_dict()}
     )
@@ -53,7 +54,7 @@ async def read_stream(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def close_stream(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Close the stream; closing again answers the same."""
     ref = await stream_for(request, "admin")
-    last = await request.app.state.store.close(ref)
+    last = await runtime_of(request).store.close(ref)
     return json_response({"closed": True, "last_sequence": last})
 
 
@@ -67,7 +68,7 @@ async def put_legal_hold(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Turn legal hold on or off; while on, nothing of the stream is pruned or deleted."""
     body: LegalHoldBody = await json_body(request, LegalHoldBody)
     ref = await stream_for(request, "admin")
-    state = await request.app.state.store.set_legal_hold(ref, body.enabled, body.reason)
+    state = await runtime_of(request).store.set_legal_hold(ref, body.enabled, body.reason)
     return json_response(state.to_json_dict())
 
 

@@ -35,6 +35,7 @@ from ductor_streams.http.sse_response import (
     connection_abort,
     pieces,
 )
+from ductor_streams.http.state import runtime_in
 from ductor_streams.live.events import Draining, End, Expired, LiveBatch, TokenExpired
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.subscription import Subscription
@@ -51,13 +52,7 @@ SSE_HEADERS = {"Cache-Control": "no-store", "X-Accel-Buffering": "no"}
 
 def followers_of(app: Litestar) -> Followers:
     """The process's live delivery (its runtime's followers, ductor_streams/runtime.py)."""
-    return followers_in(app.state)
-
-
-def followers_in(state: Any) -> Followers:
-    """``followers_of`` for the app's state (the fronts before Litestar have only that)."""
-    followers: Followers = state.runtime.followers
-    return followers
+    return runtime_in(app.state).followers
 
 
 def subscribe_cursor(request: Request[Any, Any, Any]) -> int:

@@ -33,6 +33,7 @@ from ductor_streams.http.access import authenticate
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
 from ductor_streams.http.records_front import ClientGone
 from ductor_streams.names import API_MOUNT
+from ductor_streams.runtime import Runtime
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -71,7 +72,7 @@ class Refusal(Exception):
 class Request:
     """What the DS handlers need of one request."""
 
-    state: Any
+    runtime: Runtime
     scope: Scope
     receive: Receive
     run_id: str
@@ -98,7 +99,7 @@ class Request:
             self.scope["headers"],
             self.run_id,
             scope,
-            self.state.settings.require_jwt_secret(),
+            self.runtime.settings.require_jwt_secret(),
         )
 
 
@@ -108,7 +109,7 @@ def ds_route(scope: Scope) -> re.Match[str] | None:
 
 
 async def answer_ds(
-    state: Any, scope: Scope, receive: Receive, send: Send, route: re.Match[str]
+    runtime: Runtime, scope: Scope, receive: Receive, send: Send, route: re.Match[str]
 ) -> None:
     """Answer one DS request (``route`` is what ``ds_route`` matched)."""
     # Imported here: the handler modules import this one.
@@ -118,7 +119,7 @@ async def answer_ds(
     for key, value in scope["headers"]:
         headers.setdefault(key.decode("latin-1").lower(), value.decode("latin-1"))
     request = Request(
-        state,
+        runtime,
         scope,
         receive,
         route.group(1),

@@ -22,7 +22,6 @@ from ductor_streams.http.ds import media
 from ductor_streams.http.ds.front import NO_STORE, Reply, Request
 from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, response_cursor
 from ductor_streams.http.records_front import ClientGone, Receive
-from ductor_streams.http.routes_subscribe import followers_in
 from ductor_streams.live.events import End, Expired, Gone, Interrupted, LiveBatch
 from ductor_streams.store import StreamRef, ds
 from ductor_streams.store.models import Record
@@ -40,7 +39,7 @@ async def readable_stream(
     """The caller and the stream, if the token has ``access_scope`` and may read it."""
     principal = request.authenticate(access_scope)
     ref = await resolve_stream(
-        request.state.store, principal, request.run_id, request.stream_id, "read", method
+        request.runtime.store, principal, request.run_id, request.stream_id, "read", method
     )
     return principal, ref
 
@@ -48,7 +47,7 @@ async def readable_stream(
 async def head(request: Request) -> Reply:
     """HEAD: the stream's media type, tail and closed state (metadata: no egress check)."""
     _, ref = await readable_stream(request, "streams:read", "HEAD")
-    tail = await ds.head(request.state.store.pool, ref.stream_pk)
+    tail = await ds.head(request.runtime.pool, ref.stream_pk)
     headers = {
         "Content-Type": ref.definition.media_type,
         "Stream-Next-Offset": format_offset(tail.latest_sequence),
@@ -69,9 +68,9 @@ async def read(request: Request) -> Reply:
     if live is not None and given is None:
         raise InvalidInput("a live read needs an offset")
     principal, ref = await readable_stream(request, "streams:read", "GET")
-    settings = request.state.settings
+    settings = request.runtime.settings
     egress_check(principal, settings.region, ref)
-    pool = request.state.store.pool
+    pool = request.runtime.pool
     mode = media.mode_of(ref.definition.media_type)
     redaction = redaction_for(principal, ref)
     cursor = request.param("cursor")
@@ -141,12 +140,12 @@ async def _long_poll(
     request: Request, ref: StreamRef, after: int, mode: media.Mode, redaction: list[str]
 ) -> Reply:
     """Wait at the tail (``after``) for records, up to the long-poll timeout."""
-    followers = followers_in(request.state)
+    followers = request.runtime.followers
     subscription = await followers.subscribe(ref.stream_pk, after)
     cursor = response_cursor(request.param("cursor"))
     try:
         item = await until_disconnect(
-            request.receive, subscription.next(request.state.settings.ds_long_poll_seconds)
+            request.receive, subscription.next(request.runtime.settings.ds_long_poll_seconds)
         )
     finally:
         followers.release(ref.stream_pk, subscription)

@@ -32,7 +32,6 @@ from ductor_streams.http.ds.front import Request, Send, response_start
 from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, response_cursor
 from ductor_streams.http.ds.reads import readable_stream, until_disconnect
 from ductor_streams.http.records_front import ClientGone
-from ductor_streams.http.routes_subscribe import followers_in
 from ductor_streams.http.sse_response import StallGuard, connection_abort, pieces
 from ductor_streams.live.events import End, LiveBatch
 from ductor_streams.store import ds
@@ -48,17 +47,17 @@ async def stream(request: Request, send: Send) -> None:
         raise InvalidInput("a live read needs an offset")
     offset = parse_offset(given)
     principal, ref = await readable_stream(request, "streams:read", "GET")
-    state = request.state
-    egress_check(principal, state.settings.region, ref)
+    runtime = request.runtime
+    egress_check(principal, runtime.settings.region, ref)
     redaction = redaction_for(principal, ref)
     mode = media.mode_of(ref.definition.media_type)
     if offset == NOW or offset is None:
-        tail = await ds.head(state.store.pool, ref.stream_pk)
+        tail = await ds.head(runtime.pool, ref.stream_pk)
         after = tail.latest_sequence if offset == NOW else tail.earliest_sequence - 1
     else:
         assert not isinstance(offset, str)
         after = offset
-    followers = followers_in(state)
+    followers = runtime.followers
     subscription = await followers.subscribe(ref.stream_pk, after)
     headers = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}
     headers["X-Accel-Buffering"] = "no"
@@ -66,7 +65,7 @@ async def stream(request: Request, send: Send) -> None:
         headers["stream-sse-data-encoding"] = "base64"
     client_cursor = request.param("cursor")
     loop = asyncio.get_running_loop()
-    ends_at = loop.time() + _lifetime(request, state.settings.ds_sse_seconds)
+    ends_at = loop.time() + _lifetime(request, runtime.settings.ds_sse_seconds)
     keepalive = followers.settings.keepalive_seconds
     # As native SSE: a client that accepts no data for stall_seconds is cut, and large
     # frames go out in pieces (a slow reader holds one in the server's send buffer).

@@ -87,7 +87,7 @@ async def create(request: Request) -> Reply:
     given = (request.header("content-type") or "").strip()
     media_type = given if _CREATE_TYPE.match(given) else media.DEFAULT_CREATE_TYPE
     closed = _flag(request, "stream-closed")
-    settings = request.state.settings
+    settings = request.runtime.settings
     definition = parse_definition(
         {"stream_id": request.stream_id, "direction": "output", "media_type": media_type},
         region=settings.region,
@@ -96,7 +96,7 @@ async def create(request: Request) -> Reply:
     mode = media.mode_of(media_type)
     body = await _body(request, mode)
     batch = await media.encode_body(mode, media_type, body, create=True)
-    store = request.state.store
+    store = request.runtime.store
     key = StreamKey(principal.tenant, request.run_id, request.stream_id)
     ref, created, _ = await ds.create(store.pool, store.directory, key, definition, batch, closed)
     head = await ds.head(store.pool, ref.stream_pk)
@@ -160,7 +160,7 @@ def _stream_seq(request: Request) -> str | None:
 
 
 async def _closed_refusal(request: Request, ref: StreamRef) -> Refusal:
-    head = await ds.head(request.state.store.pool, ref.stream_pk)
+    head = await ds.head(request.runtime.pool, ref.stream_pk)
     return Refusal(
         StreamClosed(),
         {"Stream-Closed": "true", "Stream-Next-Offset": format_offset(head.latest_sequence)},
@@ -174,7 +174,7 @@ async def append(request: Request) -> Reply:
     principal = request.authenticate("streams:write")
     if _flag(request, "stream-closed"):
         require_admin(principal)
-    store = request.state.store
+    store = request.runtime.store
     ref = await resolve_stream(store, principal, request.run_id, request.stream_id, "write", "POST")
     writer = _writer_headers(request)
     mode = media.mode_of(ref.definition.media_type)
