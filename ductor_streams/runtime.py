@@ -5,7 +5,9 @@ the store over both, the live followers (fed the process's own commits), and the
 service. The workers (maintenance, the input dispatcher; ``workers.worker_services``)
 start after it, each given the ``Runtime``, and stop before it. On the way out the
 order is reversed: followers (their tasks stopped), hub, pool. ``serve`` opens one in
-the app's lifespan (http/app.py), ``workers`` one of its own (worker_process.py).
+the app's lifespan (http/app.py; handlers reach it through http/state.py), ``workers``
+one of its own (worker_process.py), and a Temporal worker with the ``StreamsPlugin`` one
+for the activities' life (``StreamsActivities.lifetime``).
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from ductor_streams.auth import SCOPES, issue_token
 from ductor_streams.config import Settings
 from ductor_streams.http import create_app
 from ductor_streams.live.hub import NotificationHub
+from ductor_streams.runtime import Runtime, open_runtime
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store import Store
 from ductor_streams.store.db import create_pool
@@ -99,6 +100,13 @@ async def hub(database_url: str) -> AsyncIterator[NotificationHub]:
 async def hub_store(pool: asyncpg.Pool, hub: NotificationHub) -> Store:
     """A Store like the app's: acks wake producers blocked on credit through the hub."""
     return Store(pool, hub=hub)
+
+
+@pytest.fixture(scope="session")
+async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
+    """A process's runtime (ductor_streams/runtime.py) from the session's settings."""
+    async with open_runtime(settings, name="tests", pool_min_size=1) as opened:
+        yield opened
 
 
 @pytest.fixture(scope="session")

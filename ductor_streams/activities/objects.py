@@ -69,7 +69,7 @@ async def upload_object(
     digest = hashlib.sha256(data).hexdigest()
     with domain_errors():
         current, ref = await _ref(run_id, stream_id)
-        service = current.object_service()
+        service = current.runtime.objects
         request = PrepareRequest.parse(
             idempotency_key=idempotency_key,
             sha256=digest,
@@ -99,5 +99,5 @@ async def download_object(run_id: str, stream_id: str, object_id: str) -> bytes:
     with domain_errors():
         current, ref = await _ref(run_id, stream_id)
         current.check_egress(ref)
-        _intent, chunks = await current.object_service().download(ref, object_id)
+        _intent, chunks = await current.runtime.objects.download(ref, object_id)
         return b"".join([chunk async for chunk in chunks])

@@ -17,28 +17,29 @@ from temporalio import activity
 
 from ductor_streams.activities import models
 from ductor_streams.activities.errors import domain_errors
-from ductor_streams.activities.live import WorkerLive
 from ductor_streams.config import Settings
 from ductor_streams.definitions import parse_definition
 from ductor_streams.errors import EgressDenied
+from ductor_streams.runtime import Runtime, open_runtime
 from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
-from ductor_streams.store.db import create_pool
 
 
 class StreamsActivities:
-    """The activities, bound to one store. ``lifetime()`` opens and closes its pool.
+    """The activities, bound to one ``Runtime`` (ductor_streams/runtime.py).
 
-    While a lifetime runs, ``StreamsActivities.current()`` is the instance (the object
-    helpers for activity code, ``activities.objects``, use its store).
+    ``lifetime()`` opens the runtime from the settings (pool, LISTEN hub, store,
+    followers, object service, in the runtime's order) and closes it, unless one was
+    given: then the caller opened it and closes it. While a lifetime runs,
+    ``StreamsActivities.current()`` is the instance (the object helpers and the activity
+    stream helpers, ``activities.objects`` and ``plugin.activity``, use its runtime).
     """
 
     _current: StreamsActivities | None = None
 
-    def __init__(self, settings: Settings, *, store: Store | None = None) -> None:
+    def __init__(self, settings: Settings, *, runtime: Runtime | None = None) -> None:
         self._settings = settings
-        self._store = store
-        self._objects: Any = None
-        self._live: WorkerLive | None = None
+        self._given = runtime
+        self._runtime = runtime
 
     @classmethod
     def current(cls) -> StreamsActivities:
@@ -50,70 +51,38 @@ class StreamsActivities:
     def settings(self) -> Settings:
         return self._settings
 
-    def object_service(self) -> Any:
-        """The large-object service over this store (``objects.intents.ObjectService``)."""
-        if self._objects is None:
-            from ductor_streams.objects import BlobStores
-            from ductor_streams.objects.intents import ObjectService
-
-            self._objects = ObjectService(
-                self.store,
-                BlobStores(
-                    self._settings.object_stores,
-                    credentials_file=self._settings.google_application_credentials,
-                ),
-                region=self._settings.region,
-            )
-        return self._objects
+    @property
+    def runtime(self) -> Runtime:
+        """The runtime's parts: pool, hub, store, followers, object service."""
+        if self._runtime is None:
+            raise RuntimeError("StreamsActivities used outside its lifetime() (no runtime)")
+        return self._runtime
 
     @property
     def store(self) -> Store:
-        if self._store is None:
-            raise RuntimeError("StreamsActivities used outside its lifetime() (no store)")
-        return self._store
-
-    @property
-    def live(self) -> WorkerLive:
-        """The worker's LISTEN hub and followers, started on first use (the activity
-        stream helpers, ``plugin.activity``, read and wait through them)."""
-        if self._live is None:
-            self._live = WorkerLive(
-                self.store, self._settings.require_database(), self._settings.live
-            )
-        return self._live
+        return self.runtime.store
 
     @contextlib.asynccontextmanager
     async def lifetime(self) -> AsyncIterator[None]:
-        """Open a pool for the worker's life (the plugin's ``run_context``)."""
+        """Open the runtime for the worker's life (the plugin's ``run_context``)."""
         previous = StreamsActivities._current
         StreamsActivities._current = self
         try:
-            if self._store is not None:
+            if self._given is not None:
+                yield
+                return
+            async with open_runtime(
+                self._settings,
+                name="activities",
+                pool_min_size=min(1, self._settings.pool_min_size),
+            ) as runtime:
+                self._runtime = runtime
                 try:
                     yield
                 finally:
-                    await self._close_live()
-                return
-            pool = await create_pool(
-                self._settings.require_database(),
-                min_size=min(1, self._settings.pool_min_size),
-                max_size=self._settings.pool_max_size,
-            )
-            self._store = Store(pool)
-            try:
-                yield
-            finally:
-                await self._close_live()
-                self._store = None
-                self._objects = None
-                await pool.close()
+                    self._runtime = None
         finally:
             StreamsActivities._current = previous
-
-    async def _close_live(self) -> None:
-        live, self._live = self._live, None
-        if live is not None:
-            await live.close()
 
     def all(self) -> list[Callable[..., Any]]:
         """Every activity, for ``Worker(activities=...)`` or a plugin."""

@@ -29,7 +29,8 @@ def _pass_through(existing: WorkflowRunner | None) -> WorkflowRunner:
 
 class StreamsPlugin(SimplePlugin):
     """Registers the stream activities, the sandbox pass-through for the helpers, and
-    the activities' database pool for the life of the worker (or replayer).
+    the activities' runtime (ductor_streams/runtime.py) for the life of the worker (or
+    replayer).
 
     Give it to the client (``Client.connect(..., plugins=[StreamsPlugin()])``); workers
     made from that client pick it up. Configuration comes from the environment

@@ -21,7 +21,6 @@ from ductor_streams.activities.models import CreateStreamInput, ReadInput
 from ductor_streams.activities.streams import StreamsActivities
 from ductor_streams.config import Settings
 from ductor_streams.definitions import CONTENT_CLASSES
-from ductor_streams.store import Store
 from tests.conftest import API
 from tests.security.dbstate import fingerprint
 from tests.security.test_auth_matrix import assert_problem
@@ -132,14 +131,14 @@ async def test_a_server_in_region_b_refuses_to_write_objects_of_a_stream_of_a(
 
 
 async def test_an_activity_in_region_b_refuses_to_write_objects_of_a_stream_of_a(
-    world: World, pool: asyncpg.Pool, store: Store, region_b_settings: Settings
+    world: World, pool: asyncpg.Pool, region_b_settings: Settings
 ) -> None:
     # The activity side works in its own tenant (DUCTOR_STREAMS_TENANT).
     home = region_b_settings.with_overrides(region="local", tenant=world.tenant)
     far = region_b_settings.with_overrides(tenant=world.tenant)
     data = b"activity bytes " + secrets.token_bytes(8)
     before = await fingerprint(pool, *world.watched)
-    acts = StreamsActivities(far, store=store)
+    acts = StreamsActivities(far)
     async with acts.lifetime():
         for region in (None, "local", "far"):
             with pytest.raises(ApplicationError) as caught:
@@ -155,7 +154,7 @@ async def test_an_activity_in_region_b_refuses_to_write_objects_of_a_stream_of_a
             assert caught.value.non_retryable
     assert await fingerprint(pool, *world.watched) == before
     # The same call from an activity at home is accepted (the control).
-    async with StreamsActivities(home, store=store).lifetime():
+    async with StreamsActivities(home).lifetime():
         stored = await activity_objects.upload_object(
             world.run_id,
             world.stream_id,
@@ -167,9 +166,9 @@ async def test_an_activity_in_region_b_refuses_to_write_objects_of_a_stream_of_a
 
 
 async def test_activity_create_refuses_raw_reasoning_and_foreign_homes(
-    world: World, store: Store, settings: Settings, pool: asyncpg.Pool
+    world: World, settings: Settings, pool: asyncpg.Pool
 ) -> None:
-    acts = StreamsActivities(settings.with_overrides(tenant=world.tenant), store=store)
+    acts = StreamsActivities(settings.with_overrides(tenant=world.tenant))
     before = await fingerprint(pool, *world.watched)
     async with acts.lifetime():
         for definition, code in (
@@ -200,13 +199,13 @@ async def test_token_region_does_not_widen_egress(make_world: Any) -> None:
 
 
 async def test_an_activity_in_a_region_outside_the_egress_pins_cannot_read(
-    world: World, store: Store, region_b_settings: Settings
+    world: World, region_b_settings: Settings
 ) -> None:
     """Payloads an activity reads land in workflow history: a worker of region B may not
     read records or download objects of a stream whose egress pins exclude B."""
     object_id = await world.committed_object()
     read = ReadInput(run_id=world.run_id, stream_id=world.stream_id, cursor=0)
-    far = StreamsActivities(region_b_settings.with_overrides(tenant=world.tenant), store=store)
+    far = StreamsActivities(region_b_settings.with_overrides(tenant=world.tenant))
     async with far.lifetime():
         with pytest.raises(ApplicationError) as caught:
             await far.read(read)
@@ -215,7 +214,7 @@ async def test_an_activity_in_a_region_outside_the_egress_pins_cannot_read(
             await activity_objects.download_object(world.run_id, world.stream_id, object_id)
         assert caught.value.details[0]["code"] == "egress_denied"
     home_settings = region_b_settings.with_overrides(region="local", tenant=world.tenant)
-    home = StreamsActivities(home_settings, store=store)
+    home = StreamsActivities(home_settings)
     async with home.lifetime():
         page = await home.read(read)
         assert [r.payload for r in page.records][:2] == [world.payload, world.payload]

@@ -10,12 +10,12 @@ from temporalio.exceptions import ApplicationError
 
 from ductor_streams.activities import StreamsActivities, error_types, models
 from ductor_streams.config import Settings
-from ductor_streams.store import Store
+from ductor_streams.runtime import Runtime
 
 
-async def test_read_page_is_capped_in_bytes(store: Store, settings: Settings) -> None:
+async def test_read_page_is_capped_in_bytes(runtime: Runtime, settings: Settings) -> None:
     acts = StreamsActivities(
-        settings.with_overrides(tenant=f"a-{uuid.uuid4().hex[:6]}"), store=store
+        settings.with_overrides(tenant=f"a-{uuid.uuid4().hex[:6]}"), runtime=runtime
     )
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     await acts.create_stream(
@@ -47,10 +47,10 @@ async def test_read_page_is_capped_in_bytes(store: Store, settings: Settings) ->
     ],
 )
 async def test_domain_errors_become_application_errors(
-    store: Store, settings: Settings, call: str, kind: str, code: str, retryable: bool
+    runtime: Runtime, settings: Settings, call: str, kind: str, code: str, retryable: bool
 ) -> None:
     acts = StreamsActivities(
-        settings.with_overrides(tenant=f"a-{uuid.uuid4().hex[:6]}"), store=store
+        settings.with_overrides(tenant=f"a-{uuid.uuid4().hex[:6]}"), runtime=runtime
     )
     run_id = f"run-{uuid.uuid4().hex[:8]}"
     await acts.create_stream(

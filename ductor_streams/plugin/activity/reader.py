@@ -110,7 +110,7 @@ class StreamReader:
             current.check_egress(self._ref)
         except StreamsError as exc:
             raise to_application_error(exc) from exc
-        self._followers = await current.live.followers()
+        self._followers = current.runtime.followers
         self._opened = True
         self._state.opened()
         self._state.readers[self._key] = self.cursor

@@ -173,8 +173,6 @@ class StreamWriter:
                 self._max_records = max(1, min(self._max_records, credit.max_unread_items))
             if credit.max_unread_bytes is not None:
                 self._max_bytes = max(1, min(self._max_bytes, credit.max_unread_bytes))
-            if credit.on_unread_full == "block":
-                await self._current.live.hub()  # blocked appends wake on acks
         self._progress = {"attempt": self.attempt, "ranges": []}
         self._state.opened()
         try:
@@ -362,10 +360,9 @@ class StreamWriter:
         credit_deadline: float | None = None
         database_deadline: float | None = None
         delay = RETRY_DELAY_SECONDS
-        hub = store.hub
+        hub = self._current.runtime.hub  # an ack wakes an append refused credit
         while True:
-            watching = hub.watch(ref.stream_pk) if hub is not None else _no_wakes()
-            with watching as woken:
+            with hub.watch(ref.stream_pk) as woken:
                 try:
                     return await store.append(ref, batch)
                 except CreditExhausted as exc:
@@ -377,10 +374,6 @@ class StreamWriter:
                     if now >= credit_deadline:
                         raise
                     self._state.heartbeat()
-                    if hub is None:
-                        # Start waking on acks; try again at once, watching this time.
-                        hub = await self._current.live.hub()
-                        continue
                     wait = min(float(exc.retry_after), credit_deadline - now, WAIT_SLICE_SECONDS)
                     with contextlib.suppress(TimeoutError):
                         await asyncio.wait_for(woken.wait(), wait)
@@ -395,8 +388,3 @@ class StreamWriter:
                     self._state.heartbeat()
                     await asyncio.sleep(min(delay, database_deadline - now))
                     delay = min(delay * 2, MAX_RETRY_DELAY_SECONDS)
-
-
-@contextlib.contextmanager
-def _no_wakes() -> Any:
-    yield asyncio.Event()  # never set: the caller waits out its timeout
