@@ -20,6 +20,7 @@ from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import translate_db_errors
 from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.models import Page, StreamKey, StreamRef
+from ductor_streams.store.outcomes import DsWriteOutcome
 from ductor_streams.store.read import page_of_rows
 from ductor_streams.store.streams import StreamDirectory
 
@@ -44,7 +45,7 @@ class WriterHeaders:
 class WriteOutcome:
     """What ``ds_append`` decided (its outcomes are listed in migrations 0016 and 0024)."""
 
-    outcome: str
+    outcome: DsWriteOutcome
     first_sequence: int | None
     last_sequence: int | None
     latest_sequence: int
@@ -84,7 +85,7 @@ async def write(
         )
     assert row is not None
     return WriteOutcome(
-        outcome=row["outcome"],
+        outcome=DsWriteOutcome.parse(row["outcome"]),
         first_sequence=row["first_sequence"],
         last_sequence=row["last_sequence"],
         latest_sequence=row["latest_sequence"] or 0,
@@ -131,19 +132,20 @@ async def create(
             return ref, False, None
         if batch is not None or close:
             outcome = await write(conn, ref.stream_pk, batch, WriterHeaders(close=close))
-            if outcome.outcome != "appended":
+            if outcome.outcome != DsWriteOutcome.APPENDED:
                 # Only a ceiling could refuse the first records of a new stream; the
                 # transaction rolls back and nothing of the stream is kept.
                 raise _refusal(outcome.outcome)
     return directory.remember(ref), True, outcome
 
 
-def _refusal(outcome: str) -> Exception:
+def _refusal(outcome: DsWriteOutcome) -> Exception:
     from ductor_streams.store.append import outcome_to_result
-    from ductor_streams.store.outcomes import AppendOutcome
 
-    try:
-        outcome_to_result((AppendOutcome.parse(outcome), None, None))
-    except Exception as exc:
-        return exc
+    same = outcome.as_append
+    if same is not None:
+        try:
+            outcome_to_result((same, None, None))
+        except Exception as exc:
+            return exc
     return RuntimeError(f"unexpected DS create outcome {outcome!r}")

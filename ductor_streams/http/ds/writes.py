@@ -44,6 +44,7 @@ from ductor_streams.http.ds.offsets import format_offset
 from ductor_streams.http.records_front import read_body
 from ductor_streams.store import StreamKey, StreamRef, ds
 from ductor_streams.store.ds import WriteOutcome, WriterHeaders
+from ductor_streams.store.outcomes import DsWriteOutcome
 
 # What a PUT's Content-Type must look like to be kept (else the protocol's default).
 _CREATE_TYPE = re.compile(r"^[\w.+-]+/[\w.+-]+")
@@ -208,7 +209,7 @@ async def append(request: Request) -> Reply:
             raise await _closed_refusal(request, ref) from None
         return Reply(204, {"Stream-Next-Offset": format_offset(result.last_sequence)})
     outcome = await ds.write(store.pool, ref.stream_pk, batch, writer)
-    if outcome.outcome == "appended" and batch is not None:
+    if outcome.outcome == DsWriteOutcome.APPENDED and batch is not None:
         metrics.count_append(ref.definition.direction, batch.count, batch.bytes)
     return _answer(ref, writer, outcome)
 
@@ -224,21 +225,21 @@ def _answer(ref: StreamRef, writer: WriterHeaders, outcome: WriteOutcome) -> Rep
             "Producer-Epoch": str(writer.producer_epoch),
             "Producer-Seq": str(outcome.producer_seq),
         }
-    if name == "appended":
+    if name == DsWriteOutcome.APPENDED:
         status = 200 if writer.producer_id is not None and outcome.last_sequence else 204
         return Reply(status, {**tail, **producer})
-    if name in ("duplicate", "already_closed"):
+    if name in (DsWriteOutcome.DUPLICATE, DsWriteOutcome.ALREADY_CLOSED):
         return Reply(204, {**tail, **producer})
-    if name == "stream_closed":
+    if name == DsWriteOutcome.STREAM_CLOSED:
         raise Refusal(StreamClosed(), {**tail, "Stream-Closed": "true"})
-    if name == "stale_epoch":
+    if name == DsWriteOutcome.STALE_EPOCH:
         raise Refusal(
             ProducerFenced(f"producer epoch {outcome.producer_epoch} has written since"),
             {"Producer-Epoch": str(outcome.producer_epoch)},
         )
-    if name == "epoch_seq":
+    if name == DsWriteOutcome.EPOCH_SEQ:
         raise InvalidProducer("a new Producer-Epoch starts at Producer-Seq 0")
-    if name == "seq_gap":
+    if name == DsWriteOutcome.SEQ_GAP:
         raise Refusal(
             ProducerSeqGap(f"expected Producer-Seq {outcome.producer_seq}"),
             {
@@ -246,18 +247,18 @@ def _answer(ref: StreamRef, writer: WriterHeaders, outcome: WriteOutcome) -> Rep
                 "Producer-Received-Seq": str(writer.producer_seq),
             },
         )
-    if name == "too_many_producers":
+    if name == DsWriteOutcome.TOO_MANY_PRODUCERS:
         raise TooManyProducers(
             f"the stream has {MAX_PRODUCERS:,} producers; a new Producer-Id is refused"
         )
-    if name == "stream_seq_conflict":
+    if name == DsWriteOutcome.STREAM_SEQ_CONFLICT:
         raise StreamSeqConflict()
-    if name == "credit_exhausted":
+    if name == DsWriteOutcome.CREDIT_EXHAUSTED:
         metrics.CREDIT_REJECTIONS.labels(reason="credit").inc()
         raise CreditExhausted()
-    if name == "quota_exhausted":
+    if name == DsWriteOutcome.QUOTA_EXHAUSTED:
         metrics.CREDIT_REJECTIONS.labels(reason="quota").inc()
         raise QuotaExhausted()
-    if name == "not_found":
+    if name == DsWriteOutcome.NOT_FOUND:
         raise NotFound("stream does not exist")
     raise RuntimeError(f"unexpected DS write outcome {name!r} for stream {ref.stream_pk}")
