@@ -49,7 +49,7 @@ from ductor_streams.config import Settings
 from ductor_streams.store import Store, StreamKey
 from examples.workflows.echo import TASK_QUEUE, EchoWorkflow
 from tests.conftest import API, TokenFactory
-from tests.ops.test_page_browser import CHROMIUM, LAUNCH_ARGS
+from tests.support.browser import launched_chromium
 from tests.support.server import ServerProcess, free_port
 from tests.temporal.conftest import strict_runner
 from tests.temporal.polling import eventually
@@ -150,16 +150,8 @@ def origin_server(folder: Path) -> Iterator[str]:
 
 @pytest.fixture
 async def browser() -> AsyncIterator[Any]:
-    if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium")
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            yield browser
-        finally:
-            await browser.close()
+    async with launched_chromium() as browser:
+        yield browser
 
 
 async def shown(page: Page) -> list[Any]:

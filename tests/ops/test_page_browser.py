@@ -8,7 +8,6 @@ A screenshot of each step is written to the test's tmp folder, or to
 from __future__ import annotations
 
 import os
-import shutil
 from pathlib import Path
 from typing import Any
 
@@ -19,18 +18,7 @@ from playwright.async_api import expect
 
 from ductor_streams.schema import QUERIES
 from tests.ops.helpers import OPS, append, delivery_ids, input_stream, mark_dead, mark_delivered
-
-CHROMIUM = os.environ.get("DUCTOR_STREAMS_CHROMIUM", "/usr/bin/chromium")
-LAUNCH_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from tests.support.browser import launched_chromium
 
 
 def _screenshot_dir(tmp_path: Path) -> Path:
@@ -41,16 +29,8 @@ def _screenshot_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 async def browser() -> Any:
-    if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"{CHROMIUM} is missing: .ci/run installs Debian's chromium")
-    from playwright.async_api import async_playwright
-
-    async with async_playwright() as playwright:
-        browser = await playwright.chromium.launch(executable_path=CHROMIUM, args=LAUNCH_ARGS)
-        try:
-            yield browser
-        finally:
-            await browser.close()
+    async with launched_chromium() as browser:
+        yield browser
 
 
 async def test_page_shows_a_dead_delivery_and_retry_moves_it_to_pending(
