@@ -48,7 +48,7 @@ async def authorize(
         connection.scope["headers"],
         connection.path_params.get("run_id"),
         handler.opt.get("scope"),
-        connection.app.state.settings.require_jwt_secret(),
+        runtime_of(connection).settings.require_jwt_secret(),
     )
 
 
@@ -134,7 +134,7 @@ async def resolve_stream(
 
 def check_egress(request: Request[Any, Any, Any], ref: StreamRef) -> None:
     """Payload paths only: the caller's region must be an allowed egress region."""
-    egress_check(principal_of(request), request.app.state.settings.region, ref)
+    egress_check(principal_of(request), runtime_of(request).settings.region, ref)
 
 
 def egress_check(principal: Principal, home_region: str, ref: StreamRef) -> None:

@@ -65,6 +65,10 @@ def create_app(
             async with open_runtime(settings, name="serve") as runtime:
                 # Handlers reach its parts through http/state.py's runtime_of.
                 app.state.runtime = runtime
+                # The fronts read it as an attribute: the state's attribute lookup
+                # (Litestar's State.__getattr__) showed in the append path's profile.
+                assert isinstance(app, StreamsApp)
+                app.runtime = runtime
                 async with contextlib.AsyncExitStack() as stack:
                     for service in services:
                         await stack.enter_async_context(service(runtime))
@@ -82,7 +86,6 @@ def create_app(
         ],
         lifespan=[store_lifespan],
         exception_handlers={Exception: handle_exception},
-        state=_state(settings),
         openapi_config=OpenAPIConfig(
             title="ductor-streams",
             version="0.1.0",
@@ -111,6 +114,13 @@ class StreamsApp(Litestar):
     (http/observe.py: request ID, metrics, span)."""
 
     cors: CorsPolicy | None = None
+    runtime: Runtime | None = None  # set by the lifespan, as the state's ``runtime``
+
+    def _runtime(self) -> Runtime:
+        runtime = self.runtime
+        if runtime is None:  # a request before the lifespan started (no such server)
+            return runtime_in(self.state)
+        return runtime
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
@@ -127,7 +137,7 @@ class StreamsApp(Litestar):
             status = 0  # no answer (the client went away, or the server is stopping)
             try:
                 status = await answer_records(
-                    runtime_in(self.state), scope, receive, send, route, request.request_id
+                    self._runtime(), scope, receive, send, route, request.request_id
                 )
             finally:
                 request.end(RECORDS_TEMPLATE, status)
@@ -135,7 +145,7 @@ class StreamsApp(Litestar):
         ds = ds_route(scope)
         if ds is not None:
             try:
-                runtime = runtime_in(self.state)
+                runtime = self._runtime()
                 await answer_ds(runtime, scope, receive, request.tagged_send(send), ds)
             finally:
                 request.end(DS_TEMPLATE)
@@ -159,12 +169,6 @@ class StreamsApp(Litestar):
         """The server stops: end every SSE response now, with a reconnect hint (the
         clients resume on another replica from their Last-Event-ID). In-flight appends
         are left to finish; the server waits for them."""
-        runtime: Runtime | None = self.state.get("runtime")
+        runtime = self.runtime
         if runtime is not None:
             runtime.followers.drain()
-
-
-def _state(settings: Settings) -> Any:
-    from litestar.datastructures import State
-
-    return State({"settings": settings})

@@ -122,7 +122,7 @@ async def read_records(request: Request[Any, Any, Any]) -> Response[bytes]:
     answer = await read_answer(
         runtime_of(request).store,
         principal_of(request),
-        request.app.state.settings.region,
+        runtime_of(request).settings.region,
         request.path_params["run_id"],
         request.path_params["stream_id"],
         request.query_params.get("cursor"),

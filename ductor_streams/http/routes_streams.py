@@ -22,7 +22,7 @@ STREAM = RUN + "/streams/{stream_id:str}"
 @post(RUN + "/streams", opt={"scope": "streams:admin"}, status_code=201)
 async def create_stream(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Create a stream definition; the same body again answers 200, another body 409."""
-    settings = request.app.state.settings
+    settings = runtime_of(request).settings
     definition = parse_definition(
         await json_body(request),
         region=settings.region,

@@ -25,17 +25,20 @@ class AppendOutcome(StrEnum):
 
     @classmethod
     def parse(cls, text: str) -> AppendOutcome:
-        try:
-            return cls(text)
-        except ValueError:
-            raise RuntimeError(
-                f"the append function answered an unknown outcome {text!r}"
-            ) from None
+        # A dict lookup: the enum's own call (``cls(text)``) is several times slower,
+        # once per append request.
+        outcome = _APPEND_OUTCOMES.get(text)
+        if outcome is None:
+            raise RuntimeError(f"the append function answered an unknown outcome {text!r}")
+        return outcome
 
     @property
     def stored(self) -> bool:
         """Whether the request's records are in the stream (now or from before)."""
         return self in (AppendOutcome.APPENDED, AppendOutcome.REPLAYED)
+
+
+_APPEND_OUTCOMES: dict[str, AppendOutcome] = {o.value: o for o in AppendOutcome}
 
 
 class AckOutcome(StrEnum):
