@@ -277,3 +277,43 @@ async def test_concurrent_groups_announce_after_commit_instead(
         seen = [latest for pk, latest in listener.visible_at_wake if pk == ref.stream_pk]
         assert seen and max(seen) == 3 * PARALLEL_RECORDS  # the last commit's wake
     assert 1 <= store.wakes.statements < 6 * 3
+
+
+class CountingPool:
+    """The real pool, counting the connections the wake sender takes from it."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.acquired = 0
+
+    async def acquire(self) -> Any:
+        self.acquired += 1
+        return await self.pool.acquire()
+
+    async def release(self, conn: Any) -> None:
+        await self.pool.release(conn)
+
+    def is_closing(self) -> bool:
+        return self.pool.is_closing()
+
+
+async def test_wake_statements_that_follow_each_other_keep_one_connection(
+    store: Store, pool: asyncpg.Pool, listener: Listener
+) -> None:
+    # Through the pool, each wake statement would wait for the previous one's release
+    # reset (a second round trip); held (store/held.py), they share one connection.
+    counting = CountingPool(pool)
+    sender = WakeSender(counting, min_interval=0.0)  # type: ignore[arg-type]
+    ref = await watched_stream(store)
+    sent: list[str] = []
+    try:
+        for n in range(1, 11):
+            payload = f"r{ref.stream_pk}:{n}"
+            sender.announce(payload)
+            await sender.drain()
+            sent.append(payload)
+        await listener.wait_for(sent[-1])
+        assert [p for p in listener.payloads if p in sent] == sent
+        assert sender.statements == 10 and counting.acquired == 1
+    finally:
+        sender._connection.release()
