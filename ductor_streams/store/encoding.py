@@ -70,7 +70,13 @@ def batch_of_encoded(raws: list[bytes], *, idempotency_key: str | None) -> Encod
     ``encode_payload``: the same texts, sizes and request hash, without encoding again."""
     if not 1 <= len(raws) <= MAX_BATCH_RECORDS:
         raise InvalidBatch(f"a batch holds 1 to {MAX_BATCH_RECORDS} records, not {len(raws)}")
-    key = check_idempotency_key(idempotency_key)
+    return assembled_batch(raws, check_idempotency_key(idempotency_key))
+
+
+def assembled_batch(raws: list[bytes], key: str | None) -> EncodedBatch:
+    """The batch of payloads already encoded and checked (count, sizes and key are the
+    caller's): their texts, sizes and the request hash that idempotent replays compare
+    (the same hash ``encode_batch`` computes)."""
     digest = hashlib.sha256()
     for raw in raws:
         digest.update(len(raw).to_bytes(4, "big"))

@@ -38,6 +38,7 @@ from ductor_streams.redaction import redact_json_text
 from ductor_streams.store.encoding import (
     MAX_BATCH_RECORDS,
     EncodedBatch,
+    assembled_batch,
     check_record_size,
     encode_payload,
 )
@@ -181,18 +182,9 @@ async def _values_bound(body: bytes) -> int:
 def json_batch(body: bytes, *, create: bool) -> EncodedBatch:
     """The records of a DS JSON body, in one call (inline for small bodies, in the append
     worker process for large ones); no records for ``[]`` at create."""
-    raws = _json_messages(body, create=create)
-    digest = hashlib.sha256()
-    for raw in raws:
-        digest.update(len(raw).to_bytes(4, "big"))
-        digest.update(raw)
-    return EncodedBatch(
-        [raw.decode("utf-8") for raw in raws],
-        [len(raw) for raw in raws],
-        [None] * len(raws),
-        None,
-        digest.hexdigest(),
-    )
+    # A DS body has its own refusals (``[]`` is no records at create, 413 past the
+    # count), checked by _json_messages; the assembly is the native path's.
+    return assembled_batch(_json_messages(body, create=create), None)
 
 
 def _json_messages(body: bytes, *, create: bool) -> list[bytes]:
