@@ -43,6 +43,7 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from bench.environment import HTTP_LIMITS
+from bench.sse_latency import Producer
 from bench.temporal_workflows import CountWorkflow, SinkWorkflow
 from ductor_streams import temporal_connection
 from ductor_streams.auth import issue_token
@@ -104,24 +105,32 @@ async def latency(
     )
     with ServerProcess(settings, workers=True, log_path=workdir / "serve.log") as server:
         handle = await client.start_workflow(SinkWorkflow.run, id=run_id, task_queue=TASK_QUEUE)
-        url = f"{server.url}{API}/runs/{run_id}/streams/input/records"
+        path = f"{API}/runs/{run_id}/streams/input/records"
         sent: dict[int, float] = {}
         answered: list[float] = []
         async with httpx.AsyncClient(
-            headers={"Authorization": f"Bearer {token}"}, limits=HTTP_LIMITS
+            base_url=server.url, headers={"Authorization": f"Bearer {token}"}, limits=HTTP_LIMITS
         ) as http:
             for _ in range(500):  # the workflow creates its stream
-                if (await http.get(url.removesuffix("/records"))).status_code == 200:
+                if (await http.get(path.removesuffix("/records"))).status_code == 200:
                     break
                 await asyncio.sleep(0.01)
-            for i in range(samples):
-                started = time.time()
-                answer = await http.post(url, json={"records": [{"payload": {"i": i}}]})
-                answered.append((time.time() - started) * 1000)
-                answer.raise_for_status()
-                sent[answer.json()["first_sequence"]] = started
-                await asyncio.sleep(0.01)
-            await http.post(url, json={"records": [{"payload": {"done": True}}]})
+            before = await server_figures(http)
+            # Raw keep-alive requests (as bench.sse_latency's producer): no HTTP client
+            # library's own CPU in the figure.
+            producer = Producer("127.0.0.1", server.port, path, token)
+            await producer.connect(1)
+            try:
+                for i in range(samples):
+                    started = time.time()
+                    write, answer, first = await producer.append(i)
+                    answered.append((answer - write) * 1000)
+                    sent[first] = started
+                    await asyncio.sleep(0.01)
+            finally:
+                producer.close()
+            hops = hop_means(before, await server_figures(http))
+            await http.post(path, json={"records": [{"payload": {"done": True}}]})
         assert await handle.result() == samples
     recorded = await signal_times(handle)
     ours = percentiles([(recorded[s] - t) * 1000 for s, t in sent.items()])
@@ -142,8 +151,53 @@ async def latency(
     return {
         "http_append_to_workflow": ours,
         "of_which_http_append_answered": percentiles(answered),
+        "server_hops_mean_ms": hops,
         "bare_signal_baseline": baseline,
     }
+
+
+# The server's own figures (its /metrics) for the hops of one input record: what a mean
+# over the latency run says each took inside the server.
+_HOP_METRICS = {
+    "records_post_answered": (
+        "ductor_streams_http_request_duration_seconds",
+        {"method": "POST", "route": API + "/runs/{run_id}/streams/{stream_id}/records"},
+    ),
+    "append_statement": ("ductor_streams_append_statement_seconds", {}),
+    "claim_statement": ("ductor_streams_delivery_claim_seconds", {}),
+    "signal_rpc": ("ductor_streams_delivery_signal_seconds", {}),
+}
+
+
+async def server_figures(http: httpx.AsyncClient) -> dict[str, tuple[float, float]]:
+    """hop -> (sum of seconds, count) from the server's /metrics now."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    answer = await http.get("/metrics")
+    answer.raise_for_status()
+    figures = {hop: [0.0, 0.0] for hop in _HOP_METRICS}
+    for family in text_string_to_metric_families(answer.text):
+        for sample in family.samples:
+            for hop, (name, labels) in _HOP_METRICS.items():
+                if not all(sample.labels.get(k) == v for k, v in labels.items()):
+                    continue
+                if sample.name == f"{name}_sum":
+                    figures[hop][0] += sample.value
+                elif sample.name == f"{name}_count":
+                    figures[hop][1] += sample.value
+    return {hop: (total, count) for hop, (total, count) in figures.items()}
+
+
+def hop_means(
+    before: dict[str, tuple[float, float]], after: dict[str, tuple[float, float]]
+) -> dict[str, float | None]:
+    """Each hop's mean in ms over what happened between the two scrapes."""
+    means: dict[str, float | None] = {}
+    for hop, (total, count) in after.items():
+        d_total, d_count = total - before[hop][0], count - before[hop][1]
+        means[hop] = round(d_total / d_count * 1000, 3) if d_count else None
+        means[f"{hop}_count"] = d_count
+    return means
 
 
 async def input_streams(store: Store, tenant: str, run_ids: list[str]) -> list[StreamRef]:
