@@ -165,8 +165,11 @@ class Dispatcher:
                                 )
                                 tasks.add(task)
                                 task.add_done_callback(finished)
-                            if claimed:
-                                continue
+                            if claimed and len(claimed) == free:
+                                continue  # every slot taken: more may be due at once
+                            # Fewer than the free slots: nothing else was due at the claim,
+                            # so no second claim now; a wake since (cleared above) or a
+                            # stream's end (``finished``) claims again.
                             due = await outbox.seconds_until_due(self._pool, self._tenant)
                             if due is not None:
                                 timeout = min(max(due, 0.005), self.config.idle_poll)
