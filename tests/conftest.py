@@ -34,6 +34,17 @@ API = "/api/workflow-streams"
 _exit_status: dict[str, int] = {}
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # CPython 3.11.0-3.11.7 can leave the AST constructor's recursion depth off after an
+    # error in it (python/cpython#106905, fixed in 3.11.8): pytest's own traceback
+    # formatting then raises "AST constructor recursion depth mismatch", an
+    # INTERNALERROR that ends the run at the first failure report. Native tracebacks
+    # parse no source; a style chosen on the command line is kept.
+    if (3, 11) <= sys.version_info[:2] and sys.version_info < (3, 11, 8):
+        if config.option.tbstyle == "auto":
+            config.option.tbstyle = "native"
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _exit_status["rc"] = int(exitstatus)
 
