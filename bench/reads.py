@@ -10,8 +10,12 @@ so that a drifting machine hits all alike):
 - **raw**: the baseline, raw asyncpg pages of ``--limit`` records
   (``SELECT sequence, payload, size, appended_at, object ... WHERE sequence > $2 ORDER BY
   sequence LIMIT $3``) on one connection, each following the last page's cursor;
-- **paged**: ``GET .../records?cursor=&limit=`` with one keep-alive client following
-  ``next_cursor`` (the client decodes each page with msgspec);
+- **paged**: ``GET .../records?cursor=&limit=`` on one raw keep-alive socket following
+  ``next_cursor`` (requests written from bytes, answers read by Content-Length, each
+  page decoded with msgspec: no HTTP client library in the figure, as the baseline has
+  no layer above asyncpg);
+- **paged through httpx**: the same with an ``httpx.Client`` (what a Python consumer
+  with a common client library sees; no target);
 - **sse**: ``GET .../subscribe?cursor=0`` (the native SSE backfill), read until the
   event of the last record arrived.
 
@@ -26,6 +30,7 @@ import argparse
 import asyncio
 import json
 import os
+import socket
 import statistics
 import sys
 import time
@@ -135,6 +140,44 @@ def paged_read(
     return count / elapsed, 1e6 * cpu / max(1, count), count
 
 
+def raw_http_paged_read(
+    server: Any, headers: dict[str, str], run_id: str, stream_id: str, limit: int
+) -> tuple[float, float, int]:
+    """``paged_read`` over one raw keep-alive socket: each request written from bytes,
+    each answer read by its Content-Length (no HTTP client library's own CPU in the
+    figure, as the raw asyncpg baseline has no driver layer above it either)."""
+    decoder = msgspec.json.Decoder(_Page)
+    path = f"{API}/runs/{run_id}/streams/{stream_id}/records"
+    host, port = "127.0.0.1", server.port
+    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
+    template = f"GET {path}?cursor=%d&limit={limit} HTTP/1.1\r\nHost: {host}\r\n{head}\r\n"
+    request = template.encode()
+    count, cursor = 0, 0
+    with socket.create_connection((host, port)) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        reader = sock.makefile("rb")
+        cpu_before = process_cpu_seconds(server.process.pid)
+        started = time.perf_counter()
+        while True:
+            sock.sendall(request % cursor)
+            status = reader.readline()
+            if not status.startswith(b"HTTP/1.1 200"):
+                raise RuntimeError(f"page answered {status!r}")
+            length = 0
+            while (line := reader.readline()) not in (b"\r\n", b""):
+                name, _, value = line.partition(b":")
+                if name.lower() == b"content-length":
+                    length = int(value)
+            page = decoder.decode(reader.read(length))
+            count += len(page.records)
+            cursor = page.next_cursor
+            if cursor >= page.latest_sequence:
+                break
+        elapsed = time.perf_counter() - started
+        cpu = process_cpu_seconds(server.process.pid) - cpu_before
+    return count / elapsed, 1e6 * cpu / max(1, count), count
+
+
 def sse_read(
     server: Any, headers: dict[str, str], run_id: str, stream_id: str, records: int
 ) -> tuple[float, float, int]:
@@ -173,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the raw results here")
     args = parser.parse_args(argv)
 
-    kinds = ["raw", "paged", "sse"]
+    kinds = ["raw", "paged", "paged_httpx", "sse"]
     results: dict[str, list[tuple[float, float]]] = {k: [] for k in kinds}
     loads: list[float] = []
     with postgres_server() as server_dsn, isolated_database(server_dsn) as dsn:
@@ -184,13 +227,14 @@ def main(argv: list[str] | None = None) -> int:
             run_id, stream_id = fill(server, headers, args.records)
             for run in range(args.runs):
                 loads.append(os.getloadavg()[0])
-                order = kinds[run % 3 :] + kinds[: run % 3]
+                order = kinds[run % len(kinds) :] + kinds[: run % len(kinds)]
                 for kind in order:
                     print(f"run {run + 1}/{args.runs}: {kind} ...", file=sys.stderr, flush=True)
                     if kind == "raw":
                         value = (asyncio.run(raw_read(dsn, run_id, stream_id, args.limit)), 0.0)
-                    elif kind == "paged":
-                        rate, cpu, n = paged_read(server, headers, run_id, stream_id, args.limit)
+                    elif kind in ("paged", "paged_httpx"):
+                        reader = raw_http_paged_read if kind == "paged" else paged_read
+                        rate, cpu, n = reader(server, headers, run_id, stream_id, args.limit)
                         if n != args.records:
                             raise RuntimeError(f"paged read returned {n} records")
                         value = (rate, cpu)
@@ -202,7 +246,12 @@ def main(argv: list[str] | None = None) -> int:
                     results[kind].append(value)
     raw = [r for r, _ in results["raw"]]
     rows: list[dict[str, Any]] = []
-    for kind, target in (("raw", None), ("paged", 500_000), ("sse", 300_000)):
+    for kind, target in (
+        ("raw", None),
+        ("paged", 500_000),
+        ("paged_httpx", None),
+        ("sse", 300_000),
+    ):
         rates = [r for r, _ in results[kind]]
         row = {
             "kind": kind,
@@ -219,6 +268,7 @@ def main(argv: list[str] | None = None) -> int:
     names = {
         "raw": "raw asyncpg pages",
         "paged": "GET records?limit=",
+        "paged_httpx": "  the same through httpx",
         "sse": "SSE backfill (subscribe)",
     }
     for r in rows:
