@@ -24,24 +24,38 @@ log = logging.getLogger(__name__)
 
 class _InputWakes:
     """Turns the hub's wakes into dispatcher wakes, for input streams only (an output
-    stream's appends create no deliveries). A stream's direction never changes."""
+    stream's appends create no deliveries). A stream's direction never changes.
+
+    A wake through LISTEN that announces nothing past what this process's own append
+    announced directly (``local``) wakes nobody: the claim that ``local`` set off came
+    after that commit and saw its deliveries (and those of every earlier commit; a later
+    commit of another process announces a later sequence)."""
 
     def __init__(self, pool: asyncpg.Pool, dispatcher: Dispatcher, tenant: str) -> None:
         self._pool = pool
         self._dispatcher = dispatcher
         self._tenant = tenant
         self._is_input: dict[int, bool] = {}
+        # stream_pk -> the last sequence a local append of it committed (and announced).
+        self._announced: dict[int, int] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def local(self, ref: StreamRef) -> None:
-        """An append of this process to an input stream committed (``Store.input_appended``):
-        the dispatcher claims at once, without the LISTEN round trip or a lookup."""
+    def local(self, ref: StreamRef, last_sequence: int) -> None:
+        """An append of this process to an input stream committed (``Store.input_appended``)
+        up to ``last_sequence``: the dispatcher claims at once, without the LISTEN round
+        trip or a lookup."""
         if ref.key.tenant != self._tenant:
             return
         self._is_input[ref.stream_pk] = True
+        if len(self._announced) > 100_000:
+            self._announced.clear()  # forgetting only costs a claim that finds nothing
+        if last_sequence > self._announced.get(ref.stream_pk, 0):
+            self._announced[ref.stream_pk] = last_sequence
         self._dispatcher.notify()
 
-    def __call__(self, stream_pk: int) -> None:
+    def __call__(self, stream_pk: int, latest: int | None = None) -> None:
+        if latest is not None and latest <= self._announced.get(stream_pk, 0):
+            return  # the echo of a local append (or older): its claim has run
         known = self._is_input.get(stream_pk)
         if stream_pk == 0 or known:
             self._dispatcher.notify()

@@ -36,7 +36,6 @@ log = logging.getLogger(__name__)
 # the hub is back (and its followers re-read) at most about this long after Postgres.
 MAX_RECONNECT_DELAY = 1.0
 
-WakeCallback = Callable[[int], None]
 StreamWakeCallback = Callable[[int, int | None], None]
 """``callback(stream_pk, latest)``: ``latest`` is the sequence a record wake says is
 committed, or None when the wake says only that something changed."""
@@ -59,7 +58,7 @@ class NotificationHub:
         self._max_reconnect_delay = max_reconnect_delay
         self._conn: asyncpg.Connection | None = None
         self._watchers: dict[int, set[StreamWakeCallback]] = {}
-        self._any_watchers: set[WakeCallback] = set()
+        self._any_watchers: set[StreamWakeCallback] = set()
         self._record_watchers: dict[int, set[RecordsCallback]] = {}
         self._reconnect_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -127,10 +126,10 @@ class NotificationHub:
 
         return unsubscribe
 
-    def subscribe_any(self, callback: WakeCallback) -> Callable[[], None]:
-        """Call ``callback(stream_pk)`` on every wake of every stream, and
-        ``callback(0)`` after a reconnect (anything may have happened); returns the undo.
-        """
+    def subscribe_any(self, callback: StreamWakeCallback) -> Callable[[], None]:
+        """Call ``callback(stream_pk, latest)`` on every wake of every stream, and
+        ``callback(0, None)`` after a reconnect (anything may have happened); returns the
+        undo."""
         self._any_watchers.add(callback)
         return lambda: self._any_watchers.discard(callback)
 
@@ -157,7 +156,7 @@ class NotificationHub:
                 log.exception("wake callback failed", extra={"stream_pk": stream_pk})
         for any_callback in list(self._any_watchers):
             try:
-                any_callback(stream_pk)
+                any_callback(stream_pk, latest)
             except Exception:
                 log.exception("wake callback failed", extra={"stream_pk": stream_pk})
 
@@ -165,7 +164,7 @@ class NotificationHub:
         for stream_pk in list(self._watchers):
             self._wake(stream_pk)
         for callback in list(self._any_watchers):
-            callback(0)
+            callback(0, None)
 
     def _on_notify(self, _conn: object, _pid: int, _channel: str, payload: str) -> None:
         wake = parse_wake(payload)

@@ -62,7 +62,9 @@ class Store:
         self._poll_interval = poll_interval
         # Called with the stream once an append to an input stream has committed (this
         # process's dispatcher, delivery/service.py); the wake through LISTEN still goes.
-        self.input_appended: Callable[[StreamRef], None] | None = None
+        # Set by this process's dispatcher: (stream, last sequence) of each committed
+        # input append (delivery/service.py).
+        self.input_appended: Callable[[StreamRef, int], None] | None = None
 
     async def create_stream(
         self, key: StreamKey, definition: StreamDefinition
@@ -98,7 +100,7 @@ class Store:
             if ref.is_input and not result.replayed and self.input_appended is not None:
                 # Committed: this process's dispatcher may claim the deliveries now,
                 # without waiting for the wake to come back through LISTEN.
-                self.input_appended(ref)
+                self.input_appended(ref, result.last_sequence)
             return _counted(ref, batch, result)
         except QuotaExhausted:
             metrics.CREDIT_REJECTIONS.labels(reason="quota").inc()

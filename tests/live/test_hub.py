@@ -39,7 +39,7 @@ async def test_watchers_get_the_announced_sequence(database_url: str, pool: asyn
     heard: list[tuple[int, int | None]] = []
     heard_any: list[int] = []
     undo = hub.subscribe(9_000_001, lambda pk, latest: heard.append((pk, latest)))
-    undo_any = hub.subscribe_any(heard_any.append)
+    undo_any = hub.subscribe_any(lambda pk, _latest: heard_any.append(pk))
     try:
         for payload in ["r9000001:4", "c9000001", "r9000001", "junk", "r9000002:1", "end"]:
             await pool.execute("SELECT pg_notify('workflow_streams', $1)", payload)

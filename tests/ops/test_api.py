@@ -436,7 +436,7 @@ async def test_retry_wakes_dispatchers_through_the_notification_hub(
     hub = NotificationHub(database_url)
     await hub.start()
     woken: list[int] = []
-    undo = hub.subscribe_any(woken.append)
+    undo = hub.subscribe_any(lambda pk, _latest: woken.append(pk))
     try:
         ops = auth(tenant=tenant, scopes=OPS_ONLY)
         r = await client.post(f"{OPS}/deliveries/{delivery}/retry", headers=ops)

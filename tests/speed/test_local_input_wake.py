@@ -23,7 +23,7 @@ class _Dispatcher:
 async def test_a_committed_input_append_is_announced_once(pool: asyncpg.Pool) -> None:
     store = Store(pool)
     seen: list[StreamRef] = []
-    store.input_appended = seen.append
+    store.input_appended = lambda ref, _last: seen.append(ref)
     inp = await make_stream(store, direction="input", max_unread_items=None)
     out = await make_stream(store, max_unread_items=None)
     await store.append(inp, encode_batch([1, 2], idempotency_key="k"))
@@ -48,10 +48,37 @@ async def test_the_dispatcher_takes_local_appends_of_its_tenant_only(pool: async
     wakes = _InputWakes(pool, dispatcher, "tenant-a")  # type: ignore[arg-type]
     ours = await make_stream(store, tenant="tenant-a", direction="input", max_unread_items=None)
     theirs = await make_stream(store, tenant="tenant-b", direction="input", max_unread_items=None)
-    wakes.local(theirs)
+    wakes.local(theirs, 1)
     assert dispatcher.wakes == 0
-    wakes.local(ours)
+    wakes.local(ours, 1)
     assert dispatcher.wakes == 1
     # The stream is known to be an input stream now: its wakes need no lookup.
     wakes(ours.stream_pk)
     assert dispatcher.wakes == 2
+
+
+async def test_the_listen_echo_of_a_local_append_wakes_nobody(pool: asyncpg.Pool) -> None:
+    store = Store(pool)
+    dispatcher = _Dispatcher()
+    wakes = _InputWakes(pool, dispatcher, "tenant-a")  # type: ignore[arg-type]
+    ref = await make_stream(store, tenant="tenant-a", direction="input", max_unread_items=None)
+    seen: list[int] = []
+    store.input_appended = lambda r, last: (seen.append(last), wakes.local(r, last))
+    first = await store.append(ref, encode_batch([1, 2, 3], idempotency_key=None))
+    assert seen == [3] and first.last_sequence == 3 and dispatcher.wakes == 1
+    # Its wake comes back through LISTEN: the claim it would set off has run already.
+    wakes(ref.stream_pk, 3)
+    wakes(ref.stream_pk, 2)  # an older one (coalesced, or late)
+    assert dispatcher.wakes == 1
+    # Past what was announced here (another process's append): a claim.
+    wakes(ref.stream_pk, 4)
+    assert dispatcher.wakes == 2
+    # A wake that names no sequence (a close, an operator's retry, a reconnect): a claim.
+    wakes(ref.stream_pk, None)
+    wakes(0, None)
+    assert dispatcher.wakes == 4
+    # The next local append raises the mark; its own echo is dropped again.
+    await store.append(ref, encode_batch([4, 5], idempotency_key=None))
+    assert seen == [3, 5] and dispatcher.wakes == 5
+    wakes(ref.stream_pk, 5)
+    assert dispatcher.wakes == 5
