@@ -35,6 +35,7 @@ import statistics
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -116,28 +117,40 @@ async def raw_read(dsn: str, run_id: str, stream_id: str, limit: int) -> float:
         await conn.close()
 
 
+_DECODER = msgspec.json.Decoder(_Page)
+
+
+def _follow_pages(server: Any, page_at: Callable[[int], bytes]) -> tuple[float, float, int]:
+    """Read pages from cursor 0 (``page_at(cursor)`` answers one page's body), each
+    following the last's ``next_cursor``: records/s, server CPU us per record, records."""
+    count, cursor = 0, 0
+    cpu_before = process_cpu_seconds(server.process.pid)
+    started = time.perf_counter()
+    while True:
+        page = _DECODER.decode(page_at(cursor))
+        count += len(page.records)
+        cursor = page.next_cursor
+        if cursor >= page.latest_sequence:
+            break
+    elapsed = time.perf_counter() - started
+    cpu = process_cpu_seconds(server.process.pid) - cpu_before
+    return count / elapsed, 1e6 * cpu / max(1, count), count
+
+
 def paged_read(
     server: Any, headers: dict[str, str], run_id: str, stream_id: str, limit: int
 ) -> tuple[float, float, int]:
-    """Records/s reading every page over HTTP, server CPU us per record, records read."""
-    decoder = msgspec.json.Decoder(_Page)
-    count, cursor = 0, 0
+    """Every page over HTTP through one ``httpx.Client`` (``_follow_pages``' figures)."""
     path = f"{API}/runs/{run_id}/streams/{stream_id}/records"
     with httpx.Client(base_url=server.url, headers=headers, timeout=60) as client:
         client.get(path, params={"cursor": 0, "limit": 1}).raise_for_status()  # connect
-        cpu_before = process_cpu_seconds(server.process.pid)
-        started = time.perf_counter()
-        while True:
+
+        def page_at(cursor: int) -> bytes:
             response = client.get(path, params={"cursor": cursor, "limit": limit})
             response.raise_for_status()
-            page = decoder.decode(response.content)
-            count += len(page.records)
-            cursor = page.next_cursor
-            if cursor >= page.latest_sequence:
-                break
-        elapsed = time.perf_counter() - started
-        cpu = process_cpu_seconds(server.process.pid) - cpu_before
-    return count / elapsed, 1e6 * cpu / max(1, count), count
+            return response.content
+
+        return _follow_pages(server, page_at)
 
 
 def raw_http_paged_read(
@@ -146,19 +159,16 @@ def raw_http_paged_read(
     """``paged_read`` over one raw keep-alive socket: each request written from bytes,
     each answer read by its Content-Length (no HTTP client library's own CPU in the
     figure, as the raw asyncpg baseline has no driver layer above it either)."""
-    decoder = msgspec.json.Decoder(_Page)
     path = f"{API}/runs/{run_id}/streams/{stream_id}/records"
     host, port = "127.0.0.1", server.port
     head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
     template = f"GET {path}?cursor=%d&limit={limit} HTTP/1.1\r\nHost: {host}\r\n{head}\r\n"
     request = template.encode()
-    count, cursor = 0, 0
     with socket.create_connection((host, port)) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         reader = sock.makefile("rb")
-        cpu_before = process_cpu_seconds(server.process.pid)
-        started = time.perf_counter()
-        while True:
+
+        def page_at(cursor: int) -> bytes:
             sock.sendall(request % cursor)
             status = reader.readline()
             if not status.startswith(b"HTTP/1.1 200"):
@@ -168,14 +178,9 @@ def raw_http_paged_read(
                 name, _, value = line.partition(b":")
                 if name.lower() == b"content-length":
                     length = int(value)
-            page = decoder.decode(reader.read(length))
-            count += len(page.records)
-            cursor = page.next_cursor
-            if cursor >= page.latest_sequence:
-                break
-        elapsed = time.perf_counter() - started
-        cpu = process_cpu_seconds(server.process.pid) - cpu_before
-    return count / elapsed, 1e6 * cpu / max(1, count), count
+            return reader.read(length)
+
+        return _follow_pages(server, page_at)
 
 
 def sse_read(
