@@ -165,9 +165,6 @@ CREATE TABLE workflow_streams.streams (
 
 -- Foreign keys
 
-ALTER TABLE workflow_streams.append_receipts
-    ADD CONSTRAINT append_receipts_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
-
 ALTER TABLE workflow_streams.consumers
     ADD CONSTRAINT consumers_stream_pk_fkey FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams(stream_pk) ON DELETE CASCADE;
 
@@ -487,6 +484,17 @@ DECLARE
     -- [k]: the traceparent of record k's request, for the groups appended whole.
     v_trace     text[] := array_fill(NULL::text, ARRAY[v_records]);
     v_k         integer;
+    -- The groups a key keeps from the whole path: one of their keys has a receipt, or
+    -- appears twice in the group (NULL: none).
+    v_blocked   integer[];
+    -- The receipts of the keyed requests appended whole: stream, request, sequences.
+    v_rk_pk     bigint[] := '{}';
+    v_rk_req    integer[] := '{}';
+    v_rk_first  bigint[] := '{}';
+    v_rk_last   bigint[] := '{}';
+    v_rk        integer := 0;
+    v_req_g     integer[];         -- [k]: request k's group (for the look at the keys)
+    v_req_pk    bigint[];          -- [k]: request k's stream
     j           integer;
     v_inputs    boolean := false;  -- a group appended whole is an input stream's
     v_whole     boolean;
@@ -505,16 +513,34 @@ DECLARE
     g           integer;
     k           integer;
 BEGIN
+    IF cardinality(array_remove(p_keys, NULL)) > 0 THEN
+        -- Each request's group and stream, for one look at every key of the statement.
+        v_req_g := array_fill(0, ARRAY[coalesce(array_length(p_counts, 1), 0)]);
+        v_req_pk := array_fill(0::bigint, ARRAY[coalesce(array_length(p_counts, 1), 0)]);
+        FOR g IN 1 .. v_groups LOOP
+            FOR k IN v_req + 1 .. v_req + p_group_requests[g] LOOP
+                v_req_g[k] := g;
+                v_req_pk[k] := p_stream_pks[g];
+            END LOOP;
+            v_req := v_req + p_group_requests[g];
+        END LOOP;
+        v_req := 0;
+        -- A key used twice in its group, and a key with a receipt: one index probe
+        -- each (OFFSET 0 keeps the probe a nested loop, not a scan of every receipt).
+        SELECT array_agg(DISTINCT r.g) INTO v_blocked
+          FROM (SELECT r.g FROM unnest(v_req_g, p_keys) AS r(g, key)
+                 WHERE r.key IS NOT NULL GROUP BY r.g, r.key HAVING count(*) > 1
+                UNION ALL
+                SELECT r.g FROM unnest(v_req_g, v_req_pk, p_keys) AS r(g, pk, key)
+                 CROSS JOIN LATERAL (SELECT 1 FROM workflow_streams.append_receipts a
+                                      WHERE a.stream_pk = r.pk AND a.idempotency_key = r.key
+                                     OFFSET 0) found
+                 WHERE r.key IS NOT NULL) r;
+    END IF;
     FOR g IN 1 .. v_groups LOOP
         v_nreq := p_group_requests[g];
         v_nrec := p_group_records[g];
-        v_whole := true;
-        FOR k IN v_req + 1 .. v_req + v_nreq LOOP
-            IF p_keys[k] IS NOT NULL THEN
-                v_whole := false;
-                EXIT;
-            END IF;
-        END LOOP;
+        v_whole := v_blocked IS NULL OR NOT g = ANY (v_blocked);
         IF v_whole THEN
             v_bytes := 0;
             FOR k IN v_rec + 1 .. v_rec + v_nrec LOOP
@@ -586,6 +612,13 @@ BEGIN
                 first_sequence := v_latest + 1;
                 last_sequence := v_latest + p_counts[v_req + k];
                 v_latest := last_sequence;
+                IF p_keys[v_req + k] IS NOT NULL THEN
+                    v_rk := v_rk + 1;
+                    v_rk_pk[v_rk] := v_stream_pk;
+                    v_rk_req[v_rk] := v_req + k;
+                    v_rk_first[v_rk] := first_sequence;
+                    v_rk_last[v_rk] := last_sequence;
+                END IF;
                 RETURN NEXT;
             END LOOP;
             v_inputs := v_inputs OR v_direction = 'input';
@@ -599,6 +632,16 @@ BEGIN
         v_rec := v_rec + v_nrec;
     END LOOP;
 
+    -- The receipts of the keyed requests appended whole, in one insert. A key that
+    -- another transaction stored since the look above (it held the row lock this one
+    -- then waited for) fails the insert, and so the statement: the appender then
+    -- decides each group alone (store/append.py), where that key is replayed.
+    IF v_rk > 0 THEN
+        INSERT INTO workflow_streams.append_receipts
+               (stream_pk, idempotency_key, request_hash, first_sequence, last_sequence)
+        SELECT r.pk, p_keys[r.req], p_hashes[r.req], r.first, r.last
+          FROM unnest(v_rk_pk, v_rk_req, v_rk_first, v_rk_last) AS r(pk, req, first, last);
+    END IF;
     -- The records of every group appended whole, in one insert.
     INSERT INTO workflow_streams.records
            (stream_pk, sequence, payload, size, cumulative_bytes, object)
@@ -633,6 +676,8 @@ BEGIN
      USING deleted_streams g WHERE d.stream_pk = g.stream_pk;
     DELETE FROM workflow_streams.records r
      USING deleted_streams g WHERE r.stream_pk = g.stream_pk;
+    DELETE FROM workflow_streams.append_receipts a
+     USING deleted_streams g WHERE a.stream_pk = g.stream_pk;
     RETURN NULL;
 END;
 $function$;

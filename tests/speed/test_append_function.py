@@ -248,6 +248,7 @@ class Case:
     consumers: tuple[str, ...] = ()
     ceilings: tuple[tuple[str, int], ...] = ()
     acked: int | None = None  # what consumer "c" acks of the two records put in first
+    first_key: str | None = None  # the key of the two records put in first
     closed: bool = False
     watched: bool = False
 
@@ -309,7 +310,14 @@ def _cases() -> list[Case]:
             ceilings=(("max_unread_bytes", len('"first"') + 5 + 5),),
             acked=1,
         ),
-        Case([batch("k1"), batch("k2", key="k")], whole=False),
+        # Fresh keys (migration 0033): appended whole, their receipts stored.
+        Case([batch("k1"), batch("k2", key="k"), batch("k3", key="k3")], whole=True),
+        # A key with a receipt (a replay, and one reused with another body), and a key
+        # twice in one group: decided request by request.
+        Case([batch("first", "first", key="f"), batch("r2")], whole=False, first_key="f"),
+        Case([batch("other", key="f"), batch("r2")], whole=False, first_key="f"),
+        Case([batch("t1", key="t"), batch("t1", key="t"), batch("t2")], whole=False),
+        Case([batch("t1", key="t"), batch("t2", key="t")], whole=False),
         Case([batch("late")], whole=False, closed=True),
         Case([batch("o1", "o2", obj={"object_id": "o-9"}), batch("o3")], whole=True),
     ]
@@ -319,7 +327,7 @@ async def _make_case(pool: asyncpg.Pool, store: Store, case: Case) -> StreamRef:
     ref = await make_stream(
         store, direction=case.direction, consumers=list(case.consumers), **dict(case.ceilings)
     )
-    await store.append(ref, batch("first", "first"))
+    await store.append(ref, batch("first", "first", key=case.first_key))
     if case.acked is not None:
         await store.ack(ref, "c", case.acked)
     if case.closed:
@@ -351,7 +359,8 @@ async def test_stream_groups_answer_and_store_as_each_group_alone(
     pool: asyncpg.Pool, store: Store
 ) -> None:
     # Migration 0014: append_stream_groups appends a group that nothing can refuse
-    # itself, in one pass with the others, and leaves every other group to
+    # itself (0033: keys with no receipt, none twice in the group, count as nothing
+    # that can refuse), in one pass with the others, and leaves every other group to
     # append_requests. Each case's stream is made twice: one twin gets all the groups
     # through append_stream_groups, the other its group alone through
     # append_requests (the reference). Answers, records, counters, receipts,

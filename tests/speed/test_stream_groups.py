@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from ductor_streams.errors import DatabaseUnavailable
+from ductor_streams.schema import QUERIES
 from ductor_streams.store import EncodedBatch, Store, encode_batch
 from ductor_streams.store.append import Appender, statement_arguments
 from tests.speed.mixed import workload
@@ -306,3 +307,60 @@ def test_a_payload_with_a_raw_separator_is_refused() -> None:
     with pytest.raises(ValueError, match="separator"):
         statement_arguments([encode_batch(["ok"]), bad])
     assert statement_arguments([encode_batch(["ok"])])[3:] == ('"ok"', "4", None)
+
+
+async def test_a_key_stored_meanwhile_by_another_transaction_is_replayed(
+    pool: asyncpg.Pool,
+) -> None:
+    # Migration 0033: a combined statement looks its keys up before it locks the rows.
+    # Another transaction holding a stream's row lock stores the same key meanwhile;
+    # once it commits, the combined statement's receipt insert fails, the statement
+    # commits nothing, and each group alone finds the key: replayed, never appended
+    # twice.
+    store = combining_store(pool)
+    many = ManyCalls(store.appender)
+    keyed, other, gate = [await make_stream(store) for _ in range(3)]
+    request = encode_batch(["once"], idempotency_key="k-race")
+    async with pool.acquire() as holder, pool.acquire() as gate_holder:
+        holder_tx = holder.transaction()
+        await holder_tx.start()
+        rows = await holder.fetch(
+            QUERIES["records_append_group"],
+            keyed.stream_pk,
+            *statement_arguments([request]),
+            False,
+            None,
+        )
+        assert [(r["outcome"], r["first_sequence"]) for r in rows] == [("appended", 1)]
+        # The gate's statement in flight: the keyed and the other stream's requests
+        # queue behind it and go together once it is released.
+        gate_tx = gate_holder.transaction()
+        await gate_tx.start()
+        await gate_holder.execute(
+            "SELECT 1 FROM workflow_streams.streams WHERE stream_pk = $1 FOR UPDATE",
+            gate.stream_pk,
+        )
+        gated = asyncio.ensure_future(store.append(gate, encode_batch(["gate"])))
+        await eventually(lambda: store.appender._in_flight == 1, timeout=5)
+        raced = asyncio.ensure_future(store.append(keyed, request))
+        beside = asyncio.ensure_future(store.append(other, encode_batch(["beside"])))
+        await eventually(lambda: len(store.appender._ready) == 2, timeout=5)
+        await gate_tx.commit()
+        await gated
+        # The combined statement has looked at the keys and waits for the keyed row.
+        waiting = (
+            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'"
+            " AND query LIKE '%append_stream_groups%'"
+        )
+
+        async def blocked() -> bool:
+            return bool(await gate_holder.fetchval(waiting))
+
+        await eventually(blocked, timeout=5, what="the combined statement waiting")
+        await holder_tx.commit()
+    replayed, appended = await asyncio.gather(raced, beside)
+    assert (replayed.first_sequence, replayed.last_sequence, replayed.replayed) == (1, 1, True)
+    assert (appended.first_sequence, appended.replayed) == (1, False)
+    assert [type(e) for e in many.errors] == [asyncpg.exceptions.UniqueViolationError]
+    assert await stored_log(pool, keyed) == {1: '"once"'}
+    assert await stored_log(pool, other) == {1: '"beside"'}
