@@ -6,6 +6,8 @@ import asyncio
 
 import msgspec
 
+from ductor_streams.errors import InvalidIdempotencyKey
+from ductor_streams.store.encoding import check_idempotency_key
 from tests.foundation.helpers import append, assert_problem, create, state, stream_url
 
 
@@ -209,3 +211,20 @@ async def test_replay_of_a_key_still_answers_after_close(client, auth, run_id):
     await client.post(stream_url(run_id, "s", "/close"), headers=h)
     r = await append(client, h, run_id, [1], key="k1")
     assert r.status_code == 200 and r.json() == {"first_sequence": 1, "last_sequence": 1}
+
+
+def _accepted(key: str) -> bool:
+    try:
+        return check_idempotency_key(key) == key
+    except InvalidIdempotencyKey:
+        return False
+
+
+def test_an_idempotency_key_is_printable_ascii_exactly() -> None:
+    # check_idempotency_key tests the characters in C (str.isascii, str.isprintable):
+    # the same set as 0x20-0x7E. Every code point up to 0x2FF, and printable and
+    # unprintable ones beyond (any non-ASCII one fails str.isascii).
+    codes = [*range(0x300), 0x2028, 0x3000, 0x4E2D, 0xD800, 0xFEFF, 0xFFFF, 0x1F600, 0x10FFFF]
+    accepted = [code for code in codes if _accepted(f"k{chr(code)}")]
+    assert accepted == list(range(0x20, 0x7F))
+    assert check_idempotency_key(None) is None

@@ -174,6 +174,7 @@ async def test_requests_keep_arriving_while_statements_are_bounded(pool: asyncpg
         mine = results[n :: len(refs)]
         assert [r.first_sequence for r in mine] == list(range(1, 11))
     assert store.appender.statements < 200
+    assert store.appender._ready_records == 0 and not store.appender._ready
 
 
 async def test_small_appends_wait_to_share_the_next_commit_large_ones_do_not(
@@ -195,6 +196,7 @@ async def test_small_appends_wait_to_share_the_next_commit_large_ones_do_not(
         smalls = [asyncio.ensure_future(store.append(r, encode_batch(["s"]))) for r in small]
         await eventually(lambda: len(appender._ready) == 10, timeout=5)
         assert appender._in_flight == 1
+        assert appender._ready_records == 10  # kept as requests come (not summed each time)
         # A 100-record batch is: it starts at once (and takes the small ones with it).
         larges = [
             asyncio.ensure_future(store.append(r, encode_batch(list(range(100))))) for r in large
@@ -237,6 +239,7 @@ async def test_a_lost_connection_fails_only_the_groups_of_its_statement(
     for ref in refs:
         assert await stored_log(pool, ref) == {1: '"again"'}
     assert appender._in_flight == 0 and not appender._ready and not appender._queues
+    assert appender._ready_records == 0
 
 
 async def test_a_group_whose_connection_failed_is_not_retried(pool: asyncpg.Pool) -> None:

@@ -22,6 +22,7 @@ from temporalio.exceptions import ActivityError, ApplicationError
 
 from ductor_streams.activities import error_types
 from ductor_streams.config import Settings
+from ductor_streams.live.hub import NotificationHub
 from ductor_streams.plugin import StreamsPlugin
 from ductor_streams.plugin.activity import HEARTBEAT_KEY, RETRY_MARKER_TYPE
 from ductor_streams.store import Store, StreamRef
@@ -252,6 +253,58 @@ async def test_writer_on_a_block_stream_waits_for_acks_and_never_passes_the_ceil
     assert all(unread <= ceiling for _, unread in observed), observed
     records = await payloads_of(store, ref)
     assert [p for _, p in records] == [{"token": i, "attempt": 1} for i in range(tokens)]
+
+
+@pytest.mark.timeout(120)
+async def test_a_writer_watches_for_acks_only_where_credit_can_refuse(
+    wf_client: Client,
+    make_worker: WorkerFactory,
+    task_queue: str,
+    run_id: str,
+    store: Store,
+    wf_settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # An append that credit may refuse watches its stream's wakes from before the
+    # attempt (an ack then wakes the retry); a stream without consumers, or without an
+    # unread ceiling, is never refused, and its appends watch nothing.
+    watched: list[int] = []
+    watch = NotificationHub.watch
+
+    def spy(self: NotificationHub, stream_pk: int) -> Any:
+        watched.append(stream_pk)
+        return watch(self, stream_pk)
+
+    monkeypatch.setattr(NotificationHub, "watch", spy)
+    shapes = {
+        "plain": TokensInput(tokens=12, delay_s=0.002),
+        "consumers": TokensInput(tokens=12, delay_s=0.002, consumers=["ui"]),
+        "no-ceiling": TokensInput(
+            tokens=12,
+            delay_s=0.002,
+            consumers=["ui"],
+            credit={"max_unread_items": None, "max_unread_bytes": None},
+        ),
+    }
+    async with make_worker([TokensWorkflow], activities=[write_tokens]):
+        handles = {
+            name: await wf_client.start_workflow(
+                TokensWorkflow.run, request, id=f"{run_id}-{name}", task_queue=task_queue
+            )
+            for name, request in shapes.items()
+        }
+        results = {name: await handle.result() for name, handle in handles.items()}
+    refs = {
+        name: await stream_ref(store, wf_settings.tenant, f"{run_id}-{name}", "output")
+        for name in shapes
+    }
+    assert {name: r.last_sequence for name, r in results.items()} == dict.fromkeys(shapes, 12)
+    assert refs["consumers"].stream_pk in watched
+    assert refs["plain"].stream_pk not in watched
+    assert refs["no-ceiling"].stream_pk not in watched
+    for ref in refs.values():
+        records = await payloads_of(store, ref)
+        assert [p for _, p in records] == [{"token": i, "attempt": 1} for i in range(12)]
 
 
 def activity_failure(exc: WorkflowFailureError) -> ApplicationError:
