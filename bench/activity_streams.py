@@ -30,7 +30,9 @@ made (``t``); its latency is the follower's receive time minus ``t`` (one host c
      do before ``stream_writer``: the UI sees nothing until the answer is complete).
    - ``http``: one raw keep-alive connection per stream POSTs each record as it is made.
    Server and worker CPU: user+system time of the process over the load (/proc), as
-   cores (CPU seconds per wall second) and microseconds per record; also the followers'
+   cores (CPU seconds per wall second) and microseconds per record (for ``activity``
+   also per append request: a writer's batch, counted by its receipts, since the batch
+   size moves with the latency); also the followers'
    process, the Postgres backends serving the bench's database (``postgres``; not the
    shared WAL writer and checkpointer) and the whole machine (``machine``: busy cores
    of all, from /proc/stat, whoever used them: Postgres, Temporal, the load's own
@@ -238,6 +240,18 @@ class Bench:
             received[pks[run_id]] = dict(zip(result["sequences"], result["received"], strict=True))
         return hop_table(self.hops_dir, received, set(pks.values()))
 
+    async def batches(self, run_ids: list[str]) -> int:
+        """The append requests (batches) the writers of these runs made: their receipts."""
+        assert self.server_pool is not None
+        return int(
+            await self.server_pool.fetchval(
+                "SELECT count(*) FROM workflow_streams.append_receipts a"
+                "  JOIN workflow_streams.streams s USING (stream_pk)"
+                " WHERE s.run_id = ANY($1) AND s.stream_id = 'output'",
+                run_ids,
+            )
+        )
+
     # -- single ------------------------------------------------------------------------
 
     async def single_activity(self, tokens: int) -> dict[str, Any]:
@@ -324,6 +338,21 @@ class Bench:
         postgres = sum(cpu - postgres0.get(pid, 0.0) for pid, cpu in postgres1.items())
         latencies, check = await self.collected(followers, tokens * streams)
         records = tokens * streams
+        if mode == "activity":
+            # Each of a writer's batches is one append request with its own key, so
+            # its receipts count them: CPU per record moves with the batch size, which
+            # moves with the latency (a starved machine makes larger batches).
+            batches = await self.batches(run_ids)
+            check["append_requests"] = batches
+            check["records_per_request"] = round(records / batches, 2) if batches else None
+            for side, used in (
+                ("server", server1 - server0),
+                ("worker", worker1 - worker0),
+                ("postgres", postgres),
+            ):
+                check[f"{side}_us_per_request"] = (
+                    round(used / batches * 1e6, 1) if batches else None
+                )
         if self.hops_dir is not None and mode == "activity":
             check["hops"] = await self.hops(run_ids)
         return {
@@ -515,6 +544,14 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
             f"{row['worker_cores']:>14}{row['worker_us_per_record']:>8}"
             f"{row['postgres_cores']:>10}{row['postgres_us_per_record']:>8}"
             f"{row['machine_busy_cores']:>9}{row['received']:>10}{row['streams_in_order_without_repeats']:>10}"
+        )
+    activity = result["concurrent"].get("activity")
+    if activity and activity.get("append_requests"):
+        print(
+            f"activity: {activity['append_requests']} append requests,"
+            f" {activity['records_per_request']} records each; CPU per request: server"
+            f" {activity['server_us_per_request']} us, worker {activity['worker_us_per_request']}"
+            f" us, Postgres {activity['postgres_us_per_request']} us"
         )
     hops = result["concurrent"].get("activity", {}).get("hops")
     if hops:

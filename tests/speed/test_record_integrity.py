@@ -1,7 +1,8 @@
-"""Records and input deliveries carry no per-row foreign key (migration 0013): nothing
-names a missing stream all the same, and deleting a stream still takes its rows.
+"""Records and input deliveries (migration 0013) and append receipts (0034) carry no
+per-row foreign key: nothing names a missing stream all the same, and deleting a stream
+still takes its rows.
 
-Only ``append_requests`` writes them, under the stream's row lock, which a DELETE of the
+Only the append functions write them, under the stream's row lock, which a DELETE of the
 stream waits for; the delete's trigger then removes what that append committed."""
 
 from __future__ import annotations
@@ -19,21 +20,26 @@ from tests.support.live import eventually
 
 ROWS = """
 SELECT (SELECT count(*) FROM workflow_streams.records WHERE stream_pk = $1),
-       (SELECT count(*) FROM workflow_streams.input_deliveries WHERE stream_pk = $1)"""
+       (SELECT count(*) FROM workflow_streams.input_deliveries WHERE stream_pk = $1),
+       (SELECT count(*) FROM workflow_streams.append_receipts WHERE stream_pk = $1)"""
 ORPHANS = """
 SELECT (SELECT count(*) FROM workflow_streams.records r
          WHERE NOT EXISTS (SELECT 1 FROM workflow_streams.streams s
                             WHERE s.stream_pk = r.stream_pk)),
        (SELECT count(*) FROM workflow_streams.input_deliveries d
          WHERE NOT EXISTS (SELECT 1 FROM workflow_streams.streams s
-                            WHERE s.stream_pk = d.stream_pk))"""
+                            WHERE s.stream_pk = d.stream_pk)),
+       (SELECT count(*) FROM workflow_streams.append_receipts a
+         WHERE NOT EXISTS (SELECT 1 FROM workflow_streams.streams s
+                            WHERE s.stream_pk = a.stream_pk))"""
 DELETE = "DELETE FROM workflow_streams.streams WHERE stream_pk = $1"
 
 
-async def rows(pool: asyncpg.Pool, ref: StreamRef) -> tuple[int, int]:
+async def rows(pool: asyncpg.Pool, ref: StreamRef) -> tuple[int, int, int]:
+    """The stream's records, input deliveries and append receipts."""
     row = await pool.fetchrow(ROWS, ref.stream_pk)
     assert row is not None
-    return int(row[0]), int(row[1])
+    return int(row[0]), int(row[1]), int(row[2])
 
 
 async def test_deleting_a_stream_deletes_its_records_and_deliveries(
@@ -42,14 +48,15 @@ async def test_deleting_a_stream_deletes_its_records_and_deliveries(
     gone = await make_stream(store, direction="input", max_unread_items=None)
     kept = await make_stream(store, direction="input", max_unread_items=None)
     for ref in (gone, kept):
-        await append(store, ref, [1, 2, 3])
-    assert await rows(pool, gone) == (3, 3)
+        await append(store, ref, [1, 2, 3], key="k-1")
+        await append(store, ref, [4])
+    assert await rows(pool, gone) == (4, 4, 1)
     assert await pool.execute(DELETE, gone.stream_pk) == "DELETE 1"
-    assert await rows(pool, gone) == (0, 0)
-    assert await rows(pool, kept) == (3, 3)  # only the deleted stream's rows went
+    assert await rows(pool, gone) == (0, 0, 0)
+    assert await rows(pool, kept) == (4, 4, 1)  # only the deleted stream's rows went
     with pytest.raises(NotFound):
-        await append(store, gone, [4])
-    assert await rows(pool, gone) == (0, 0)
+        await append(store, gone, [5], key="k-2")
+    assert await rows(pool, gone) == (0, 0, 0)
 
 
 async def test_a_delete_racing_appends_leaves_no_record_behind(pool: asyncpg.Pool) -> None:
@@ -64,7 +71,8 @@ async def test_a_delete_racing_appends_leaves_no_record_behind(pool: asyncpg.Poo
             n = 0
             while True:
                 outcomes = await asyncio.gather(
-                    *(append(store, ref, [n, n]) for _ in range(4)), return_exceptions=True
+                    *(append(store, ref, [n, n], key=f"k-{n}-{i}") for i in range(4)),
+                    return_exceptions=True,
                 )
                 failed = [o for o in outcomes if isinstance(o, BaseException)]
                 if failed:
@@ -77,8 +85,8 @@ async def test_a_delete_racing_appends_leaves_no_record_behind(pool: asyncpg.Poo
         assert await pool.execute(DELETE, ref.stream_pk) == "DELETE 1"
         rounds = await asyncio.wait_for(task, 30)
         assert rounds >= 5
-        assert await rows(pool, ref) == (0, 0)
-    assert tuple(await pool.fetchrow(ORPHANS)) == (0, 0)
+        assert await rows(pool, ref) == (0, 0, 0)
+    assert tuple(await pool.fetchrow(ORPHANS)) == (0, 0, 0)
 
 
 async def _at_least(pool: asyncpg.Pool, ref: StreamRef, n: int) -> bool:
