@@ -5,8 +5,8 @@
 -- receipt look-up and insert, record insert and update, one group at a time). Every
 -- batch of an activity's stream_writer carries a key (ds:act:<digest>:<attempt>:<n>),
 -- so at 100 streaming activities every group of every statement took that path:
--- bench.keyed_groups, 32 one-request groups of 2 records, 150 us of Postgres CPU a
--- request with keys against 72 without.
+-- bench.keyed_groups, 32 one-request groups of 2 records, 134 us of Postgres CPU a
+-- request with keys against 44 without (bench/README.md, History).
 --
 -- A request with a key is appended exactly as one without when its key has no
 -- receipt on the stream and no earlier request of its group has the same key: then
@@ -19,8 +19,8 @@
 -- the one of their records, both while the rows are locked.
 --
 -- The look-up runs before the row locks. A transaction that held a group's row lock
--- meanwhile and stored the same key (the same request sent twice at once) has
--- committed by the time this one's UPDATE has the lock, and this one's receipt insert
+-- meanwhile and stored the same key (the same request sent twice at once) has ended
+-- by the time this one's UPDATE has the lock; if it committed, this one's receipt insert
 -- then fails on the primary key: the statement fails without committing anything, and
 -- the appender decides each group alone (store/append.py, _run_groups), where the key
 -- is found and replayed. A request never gets 'appended' twice for one key.
