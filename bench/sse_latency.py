@@ -1,6 +1,7 @@
 """Benchmark: live delivery latency over SSE, and what subscribers cost Postgres.
 
-    python -m bench.sse_latency [--subscribers 0,1,100,1000] [--rate 200] [--seconds 10]
+    python -m bench.sse_latency [--subscribers 0,1,100,1000,2000] [--rate 200] [--seconds 10]
+                                [--runs 1] [--baseline REV] [--profile PREFIX]
                                 [--database-url postgresql://...] [--json out.json]
 
 For each subscriber count, on a fresh stream of a real ``serve --no-workers`` process:
@@ -20,7 +21,18 @@ and the largest number of connections to the database seen (pool + the one LISTE
 connection). Neither may grow with the number of subscribers. ``fed/app``: batches of the
 server's own appends fanned out without a read, per append (docs/live.md).
 
+``chunks/app``: batches the fan-out wrote to a subscriber's connection itself, per append
+(``ductor_streams_sse_chunk_writes_total``); ``srv us/chunk``: the server's CPU over
+those writes, an upper bound of one write's cost (the appends are in it too).
+
 Baseline in the same run: raw ``pg_notify`` commit -> asyncpg listener callback.
+``--baseline REV`` also starts a server on git revision REV's ``ductor_streams/``
+(``git archive``, as bench/compare_revisions.py) over the same database: each of the
+``--runs`` is then a pair, the two servers back to back in alternating order, and the
+medians and the paired ratios (this checkout / REV) are printed after the runs.
+``--profile PREFIX`` records py-spy's raw stacks of this checkout's server during each
+producing window to ``PREFIX-<subscribers>.txt`` (``bench.profile.summarise`` reads
+them).
 The database is a fresh one created on the given server (default
 $DUCTOR_STREAMS_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL) and dropped after.
 """
@@ -30,12 +42,15 @@ from __future__ import annotations
 import argparse
 import array
 import asyncio
+import contextlib
 import functools
 import json
 import multiprocessing as mp
 import os
 import re
 import secrets
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +63,7 @@ import httpx
 import psutil
 import uvloop
 
+from bench.compare_revisions import exported
 from bench.environment import HTTP_LIMITS, bench_token
 from bench.loadgen import first_response
 from ductor_streams.config import Settings
@@ -265,6 +281,34 @@ class Producer:
                 conn.transport.close()
 
 
+def _start_profile(
+    server: ServerProcess, profile: Path | None, subscribers: int, seconds: float
+) -> subprocess.Popen[bytes] | None:
+    """py-spy on the server for the producing window, raw stacks to
+    ``<profile>-<subscribers>.txt`` (``bench.profile.summarise`` prints them)."""
+    if profile is None or server.process is None:
+        return None
+    beside = Path(sys.executable).with_name("py-spy")  # the virtualenv's, when there
+    return subprocess.Popen(
+        [
+            str(beside) if beside.exists() else "py-spy",
+            "record",
+            "-p",
+            str(server.process.pid),
+            "-d",
+            str(max(1, int(seconds) - 1)),
+            "-r",
+            "250",
+            "-f",
+            "raw",
+            "-o",
+            f"{profile}-{subscribers}.txt",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
 # -- measurements ------------------------------------------------------------------------------
 
 
@@ -323,15 +367,19 @@ _READS = re.compile(r'^ductor_streams_live_reads_total\{kind="(\w+)"\} (\S+)$', 
 
 
 _FED = re.compile(r"^ductor_streams_live_fed_batches_total (\S+)$", re.MULTILINE)
+_CHUNKS = re.compile(r"^ductor_streams_sse_chunk_writes_total (\S+)$", re.MULTILINE)
 
 
 async def live_reads(client: httpx.AsyncClient) -> dict[str, float]:
     """The server's Postgres reads for live delivery so far, by kind, and (as ``fed``)
-    the batches of its own appends it fanned out without a read (from /metrics)."""
+    the batches of its own appends it fanned out without a read, and (as ``chunks``) the
+    batches the fan-out wrote to a subscriber's connection itself (from /metrics)."""
     text = (await client.get("/metrics")).text
     counts = {kind: float(value) for kind, value in _READS.findall(text)}
     fed = _FED.search(text)
     counts["fed"] = float(fed[1]) if fed else 0.0
+    chunks = _CHUNKS.search(text)
+    counts["chunks"] = float(chunks[1]) if chunks else 0.0
     return counts
 
 
@@ -344,6 +392,7 @@ async def one_run(
     rate: float,
     seconds: float,
     client_processes: int = 1,
+    profile: Path | None = None,
 ) -> dict[str, Any]:
     run_id = f"bench-{secrets.token_hex(4)}"
     stream = f"{API}/runs/{run_id}/streams/s"
@@ -395,6 +444,7 @@ async def one_run(
 
         producer = Producer("127.0.0.1", server.port, stream + "/records", token)
         await producer.connect(PRODUCER_CONNECTIONS)
+        spy = _start_profile(server, profile, subscribers, seconds)
 
         async def one_append(i: int) -> None:
             started, finished, sequence = await producer.append(i)
@@ -409,6 +459,8 @@ async def one_run(
         await asyncio.gather(*tasks)
         produced_in = time.monotonic() - began
         producer.close()
+        if spy is not None:
+            await asyncio.to_thread(spy.wait)
         stop.set()
         await sampler
         reads_after = await live_reads(client)
@@ -462,6 +514,17 @@ async def one_run(
         "fed_batches_per_append": round(
             (reads_after.get("fed", 0) - reads_before.get("fed", 0)) / total, 3
         ),
+        "chunk_writes_per_append": round(
+            (reads_after.get("chunks", 0) - reads_before.get("chunks", 0)) / total, 3
+        ),
+        # All of the server's CPU over its direct writes: an upper bound of one write's
+        # cost (the appends' own work is in it), which the fan-out dominates at 1,000.
+        "server_us_per_chunk_write": round(
+            1e6
+            * server_cpu
+            / max(1.0, reads_after.get("chunks", 0) - reads_before.get("chunks", 0)),
+            1,
+        ),
         "max_server_connections": connections.peak,
         "server_cpu_share": round(server_cpu / produced_in, 3),
         "client_cpu_share": round(clients_cpu / produced_in, 3),
@@ -470,13 +533,19 @@ async def one_run(
 
 async def run(
     *,
-    subscribers: tuple[int, ...] = (0, 1, 100, 1000),
+    subscribers: tuple[int, ...] = (0, 1, 100, 1000, 2000),
     rate: float = 200.0,
     seconds: float = 10.0,
     database_url: str | None = None,
     client_processes: int = 1,
+    profile: Path | None = None,
+    runs: int = 1,
+    baseline_code: tuple[str, Path] | None = None,
 ) -> dict[str, Any]:
-    """Run the benchmark; returns the baseline and one row per subscriber count."""
+    """Run the benchmark; returns the baseline and one row per subscriber count, side
+    (``checkout``, or the revision of ``baseline_code``: its name and a folder holding
+    its ``ductor_streams/``) and run. With a baseline, each run is a pair, the two
+    servers back to back in alternating order."""
     server_dsn = (
         database_url
         or os.environ.get("DUCTOR_STREAMS_DATABASE_URL")
@@ -499,20 +568,28 @@ async def run(
         rows = []
         monitor = await asyncpg.connect(dsn)
         try:
-            with ServerProcess(settings) as server:
+            with contextlib.ExitStack() as stack:
+                # The child of a baseline runs ``python -m`` from its folder: its cwd comes
+                # first on sys.path, ahead of the editable install.
+                sides = [("checkout", stack.enter_context(ServerProcess(settings)))]
+                if baseline_code is not None:
+                    revision, code = baseline_code
+                    sides.append((revision, stack.enter_context(ServerProcess(settings, cwd=code))))
                 connections = _Connections(monitor)
                 for count in subscribers:
-                    rows.append(
-                        await one_run(
-                            server,
-                            token,
-                            connections,
-                            subscribers=count,
-                            rate=rate,
-                            seconds=seconds,
-                            client_processes=client_processes,
-                        )
-                    )
+                    for k in range(runs):
+                        for side, server in sides if k % 2 == 0 else sides[::-1]:
+                            row = await one_run(
+                                server,
+                                token,
+                                connections,
+                                subscribers=count,
+                                rate=rate,
+                                seconds=seconds,
+                                client_processes=client_processes,
+                                profile=profile if side == "checkout" else None,
+                            )
+                            rows.append({"side": side, "run": k, **row})
         finally:
             await monitor.close()
         return {"baseline_notify": {k: round(v, 3) for k, v in baseline.items()}, "runs": rows}
@@ -520,9 +597,79 @@ async def run(
         await asyncio.to_thread(drop_database, server_dsn, name)
 
 
+_COLUMNS = (
+    ("subs", "subscribers", 5),
+    ("side", "side", 8),
+    ("rate/s", "achieved_rate", 7),
+    ("deliveries", "deliveries", 10),
+    ("missing", "missing", 7),
+    ("p50 ms", "p50_ms", 7),
+    ("p99 ms", "p99_ms", 7),
+    ("max ms", "max_ms", 7),
+    ("sock p50", "poll_p50_ms", 8),
+    ("sock p99", "poll_p99_ms", 8),
+    ("ans p50", "append_p50_ms", 7),
+    ("fed/app", "fed_batches_per_append", 7),
+    ("follower/app", "follower_reads_per_append", 12),
+    ("subscriber/app", "subscriber_reads_per_append", 14),
+    ("chunks/app", "chunk_writes_per_append", 10),
+    ("srv us/chunk", "server_us_per_chunk_write", 12),
+    ("pg conns", "max_server_connections", 8),
+    ("srv cpu", "server_cpu_share", 7),
+    ("cli cpu", "client_cpu_share", 7),
+)
+
+
+def _print_rows(rows: list[dict[str, Any]]) -> None:
+    print(" ".join(f"{title:>{width}}" for title, _, width in _COLUMNS))
+    for row in rows:
+        print(" ".join(f"{str(row[key])[:width]:>{width}}" for _, key, width in _COLUMNS))
+
+
+def _print_medians(rows: list[dict[str, Any]], baseline: str | None) -> None:
+    """Per subscriber count and side, the medians over runs; with a baseline, the
+    medians of the paired ratios (checkout / baseline) of p50 and p99, with their spread."""
+    print("medians of the runs:")
+    medians = []
+    for count in dict.fromkeys(r["subscribers"] for r in rows):
+        for side in dict.fromkeys(r["side"] for r in rows):
+            mine = [r for r in rows if r["subscribers"] == count and r["side"] == side]
+            medians.append(
+                {
+                    key: (
+                        round(statistics.median(float(r[key]) for r in mine), 3)
+                        if isinstance(mine[0][key], int | float)
+                        else mine[0][key]
+                    )
+                    for _, key, _ in _COLUMNS
+                }
+            )
+    _print_rows(medians)
+    if baseline is None:
+        return
+    for count in dict.fromkeys(r["subscribers"] for r in rows):
+        pairs = [
+            (a, b)
+            for a in rows
+            for b in rows
+            if a["subscribers"] == b["subscribers"] == count
+            and a["run"] == b["run"]
+            and a["side"] == "checkout"
+            and b["side"] == baseline
+        ]
+        for key in ("p50_ms", "p99_ms", "server_cpu_share"):
+            ratios = [a[key] / b[key] for a, b in pairs if b[key]]
+            if ratios:
+                print(
+                    f"{count:>5} subscribers, {key}: checkout / {baseline} "
+                    f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}, "
+                    f"{len(ratios)} pairs)"
+                )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.sse_latency", description=__doc__)
-    parser.add_argument("--subscribers", default="0,1,100,1000")
+    parser.add_argument("--subscribers", default="0,1,100,1000,2000")
     parser.add_argument("--rate", type=float, default=200.0)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--database-url")
@@ -532,41 +679,42 @@ def main(argv: list[str] | None = None) -> int:
         default=1,
         help="processes the subscribers are spread over (check client cpu in the output)",
     )
+    parser.add_argument("--runs", type=int, default=1, help="runs per subscriber count")
+    parser.add_argument(
+        "--baseline",
+        metavar="REV",
+        help="also run a server on git revision REV's code, each run a pair with this one",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--profile",
+        type=Path,
+        help="py-spy the server while it is loaded: raw stacks to PROFILE-<subscribers>.txt",
+    )
     args = parser.parse_args(argv)
     counts = tuple(int(x) for x in args.subscribers.split(",") if x.strip())
-    result = uvloop.run(
-        run(
-            subscribers=counts,
-            rate=args.rate,
-            seconds=args.seconds,
-            database_url=args.database_url,
-            client_processes=max(1, args.client_processes),
+    with contextlib.ExitStack() as stack:
+        code = stack.enter_context(exported(args.baseline)) if args.baseline else None
+        result = uvloop.run(
+            run(
+                subscribers=counts,
+                rate=args.rate,
+                seconds=args.seconds,
+                database_url=args.database_url,
+                client_processes=max(1, args.client_processes),
+                profile=args.profile,
+                runs=max(1, args.runs),
+                baseline_code=(args.baseline, code) if code is not None else None,
+            )
         )
-    )
     base = result["baseline_notify"]
     print(
         f"baseline commit->NOTIFY->listener: p50 {base['p50_ms']:.3f} ms, "
         f"p99 {base['p99_ms']:.3f} ms"
     )
-    print(
-        f"{'subs':>5} {'rate/s':>7} {'deliveries':>10} {'missing':>7} {'p50 ms':>7} "
-        f"{'p99 ms':>7} {'max ms':>7} {'sock p50':>8} {'sock p99':>8} {'ans p50':>7} "
-        f"{'fed/app':>7} {'follower/app':>12} "
-        f"{'subscriber/app':>14} "
-        f"{'pg conns':>8} {'srv cpu':>7} {'cli cpu':>7}"
-    )
-    for row in result["runs"]:
-        print(
-            f"{row['subscribers']:>5} {row['achieved_rate']:>7} {row['deliveries']:>10} "
-            f"{row['missing']:>7} {row['p50_ms']:>7} {row['p99_ms']:>7} {row['max_ms']:>7} "
-            f"{row['poll_p50_ms']:>8} {row['poll_p99_ms']:>8} "
-            f"{row['append_p50_ms']:>7} {row['fed_batches_per_append']:>7} "
-            f"{row['follower_reads_per_append']:>12} "
-            f"{row['subscriber_reads_per_append']:>14} "
-            f"{row['max_server_connections']:>8} {row['server_cpu_share']:>7} "
-            f"{row['client_cpu_share']:>7}"
-        )
+    _print_rows(result["runs"])
+    if args.runs > 1 or args.baseline:
+        _print_medians(result["runs"], args.baseline)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0

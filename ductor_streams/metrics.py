@@ -22,7 +22,8 @@ Call sites, by metric:
 - ``DELIVERY_RETRIES``: operator retries (``ops.retry_delivery``).
 - ``HTTP_REQUEST_DURATION`` (``observe_request``): every HTTP request, by method, route
   template and status (http/observe.py; the records front passes its route itself).
-- ``SSE_EVENTS``, ``SSE_BACKFILL_RECORDS``: the SSE subscription (live/subscription.py).
+- ``SSE_EVENTS``, ``SSE_BACKFILL_RECORDS``: the SSE subscription (live/subscription.py);
+  ``SSE_CHUNK_WRITES``: the fan-out's direct writes (http/sse_response.py).
 - ``APPEND_STATEMENT_SECONDS``, ``APPEND_GROUP_REQUESTS`` (``observe_statement``): the
   appender, once per append statement (store/append.py).
 - ``FOLLOWER_LAG``: live followers, per batch of records fanned out (live/follower.py).
@@ -214,7 +215,12 @@ SSE_EVENTS = Tally(
     "ductor_streams_sse_events_written",
     "Record events written to SSE subscribers (backfill and live).",
 )
-REGISTRY.register(_TallyCollector(SSE_EVENTS))
+SSE_CHUNK_WRITES = Tally(
+    "ductor_streams_sse_chunk_writes",
+    "Batches the live fan-out wrote to an SSE subscriber's connection itself, as one "
+    "chunk framed once for all subscribers with the same redaction.",
+)
+REGISTRY.register(_TallyCollector(SSE_EVENTS, SSE_CHUNK_WRITES))
 
 
 class LoopHistogram:

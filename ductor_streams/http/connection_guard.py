@@ -37,7 +37,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from ductor_streams import metrics
 
 # The scope extension that lets the app act on the request's connection:
-# ``scope["extensions"][CONNECTION_EXTENSION]["abort"]()`` cuts it.
+# ``scope["extensions"][CONNECTION_EXTENSION]["abort"]()`` cuts it, and
+# ``...["body_writer"](scope)`` is a ``ChunkWriter`` for that request's response.
 CONNECTION_EXTENSION = "ductor.connection"
 
 # After a refusal the connection reads (and drops) what the client is still sending,
@@ -128,7 +129,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         # The ASGI scope's extension that lets the app cut this connection (a stalled
         # SSE reader: http/sse_response.py).
         self._extensions: dict[str, dict[object, object]] = {
-            CONNECTION_EXTENSION: {"abort": self.transport.abort}
+            CONNECTION_EXTENSION: {"abort": self.transport.abort, "body_writer": self.body_writer}
         }
         if open_before >= self.limits.max_connections and not self._evict_one():
             metrics.CONNECTIONS_REFUSED.labels("too_many").inc()
@@ -168,6 +169,23 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def on_headers_complete(self) -> None:
         self._head_done()
         super().on_headers_complete()
+
+    def body_writer(self, scope: Any) -> ChunkWriter | None:
+        """A writer of body chunks straight to this connection's transport for the
+        response to the request of ``scope``, while it is the one being sent and uvicorn
+        itself frames its body in chunks (started, not complete, chunked, not HEAD);
+        None otherwise."""
+        cycle = self.cycle
+        if (
+            cycle is None
+            or cycle.scope is not scope
+            or not cycle.response_started
+            or cycle.response_complete
+            or cycle.chunked_encoding is not True
+            or cycle.scope["method"] == "HEAD"
+        ):
+            return None
+        return ChunkWriter(self.transport, self.flow, cycle)
 
     def on_message_complete(self) -> None:
         super().on_message_complete()
@@ -231,6 +249,48 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self.transport.write_eof()
         self._discard_left = LINGER_BYTES
         self.loop.call_later(LINGER_SECONDS, self.transport.close)
+
+
+def chunk_frame(body: bytes) -> bytes:
+    """``body`` framed as one HTTP/1.1 chunk, the bytes uvicorn's ``send`` writes for a
+    body message with ``more_body`` (an empty body would end the response: not here)."""
+    assert body, "an empty chunk ends a chunked body"
+    return b"%x\r\n%b\r\n" % (len(body), body)
+
+
+class ChunkWriter:
+    """Writes pre-framed chunks (``chunk_frame``) of one response's body to the transport
+    at once, as uvicorn's ``send`` would, without the ASGI ``send`` chain.
+
+    A fan-out to a thousand SSE subscribers writes one batch to each; through ``send``
+    every write passed four wrappers and a coroutine and framed the chunk again
+    (docs/speed.md, "Direct SSE writes"). The wrappers of this app only look at a
+    response's start message, so a body chunk written here is the same on the wire.
+    ``write`` refuses (returns False, writing nothing) whenever ``send`` would not
+    write at once: flow control holds writes back (the client reads slowly), the client
+    went away, the connection is closing or the response ended. The caller then sends
+    that chunk, and everything after it, through ``send``.
+    """
+
+    __slots__ = ("_cycle", "_flow", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, flow: Any, cycle: Any) -> None:
+        self._transport = transport
+        self._flow = flow
+        self._cycle = cycle
+
+    def write(self, chunk: bytes) -> bool:
+        """Write one framed chunk now, or refuse (see the class docstring)."""
+        cycle = self._cycle
+        if (
+            self._flow.write_paused
+            or cycle.disconnected
+            or cycle.response_complete
+            or self._transport.is_closing()
+        ):
+            return False
+        self._transport.write(chunk)
+        return True
 
 
 def guarded(limits: ConnectionLimits) -> Any:

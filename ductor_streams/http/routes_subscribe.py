@@ -81,6 +81,7 @@ async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
         partial(_record_frames, redaction=redaction, memo_key=tuple(redaction)),
         max_bytes=live.write_chunk,
         guard=guard,
+        memo_key=tuple(redaction),
     )
     events = _events(
         followers,

@@ -3,10 +3,13 @@
 A subscriber's records normally travel follower -> subscription buffer -> wake of the
 response task -> async generator -> ASGI ``send``: one task switch per subscriber per
 wake, which dominated the server's CPU with many subscribers. ``DirectWriter`` lets the
-follower's fan-out call the ASGI ``send`` itself while the response task is idle, so a
-plain delivery costs one synchronous write. The generator keeps everything else
-(backfill, gaps, overflow, keepalive, end, error) and the disconnect handling stays
-Litestar's (the response task is cancelled when the client goes away).
+follower's fan-out write a batch itself while the response task is idle, so a plain
+delivery costs one synchronous write. Under this server's own protocol
+(http/connection_guard.py) that write is the batch's chunk, framed once for every
+subscriber with the same redaction, straight to the transport (``ChunkWriter``);
+elsewhere it drives the ASGI ``send``. The generator keeps everything else (backfill,
+gaps, overflow, keepalive, end, error) and the disconnect handling stays Litestar's (the
+response task is cancelled when the client goes away).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 import collections
 import itertools
 import logging
-from collections.abc import Callable, Coroutine, Iterable, Iterator
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Iterator
 from typing import Any, cast
 
 from litestar import Request
@@ -28,9 +31,10 @@ from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Send, TypeEncodersMap
 from litestar.utils.helpers import get_enum_string_value
 
-from ductor_streams.http.connection_guard import CONNECTION_EXTENSION
+from ductor_streams.http.connection_guard import CONNECTION_EXTENSION, ChunkWriter, chunk_frame
 from ductor_streams.live.events import LiveBatch
 from ductor_streams.live.stats import SLOW_SUBSCRIBER_DISCONNECTS
+from ductor_streams.metrics import SSE_CHUNK_WRITES
 
 log = logging.getLogger(__name__)
 
@@ -38,12 +42,17 @@ _Write = Coroutine[Any, Any, None]
 
 
 class DirectWriter:
-    """A subscription's ``Sink``: writes a batch's frames through the ASGI ``send``.
+    """A subscription's ``Sink``: writes a batch's frames at once, or refuses.
 
-    ``send`` is driven synchronously: it completes at once unless the server applies
-    flow control (the client reads slowly). Then the rest of that one write runs in a
-    task, later batches take the generator's path, and the generator awaits ``drain``
-    before sending anything, so frames never overtake each other.
+    With a ``ChunkWriter`` (this server's protocol), the batch's frames go to the
+    transport as one chunk, framed once per batch and ``memo_key`` (``LiveBatch.memo``:
+    subscribers with another redaction have another key, so never the same bytes); it
+    refuses whenever uvicorn's ``send`` would wait (flow control) or drop the write, and
+    the batch takes the generator's path, whose ``send`` waits. Without one, ``send``
+    is driven synchronously: it completes at once unless the server applies flow
+    control. Then the rest of that one write runs in a task, later batches take the
+    generator's path, and the generator awaits ``drain`` before sending anything, so
+    frames never overtake each other.
     """
 
     def __init__(
@@ -52,17 +61,25 @@ class DirectWriter:
         *,
         max_bytes: int,
         guard: StallGuard | None = None,
+        memo_key: Hashable = (),
     ) -> None:
         self._encode = encode
         self._max_bytes = max_bytes
         self._guard = guard
+        # ``encode`` keeps its own frames under ``memo_key`` (a tuple of redaction
+        # pointers); the framed chunk is kept beside them under a key no tuple of
+        # pointers can equal.
+        self._chunk_key = ("chunk", memo_key)
         self._send: Send | None = None
+        self._chunks: ChunkWriter | None = None
         self._inflight: asyncio.Task[None] | None = None
         self._broken = False
 
-    def bind(self, send: Send) -> None:
-        """Start writing directly (the response headers have been sent)."""
+    def bind(self, send: Send, chunks: ChunkWriter | None = None) -> None:
+        """Start writing directly (the response headers have been sent): through
+        ``chunks`` when given, else through ``send``."""
         self._send = send
+        self._chunks = chunks
 
     def __call__(self, batch: LiveBatch) -> bool:
         send = self._send
@@ -72,6 +89,19 @@ class DirectWriter:
             # Larger writes go through the generator in pieces, so that a slow reader
             # never has more than one piece of them in the server's send buffer (and a
             # batch too large for any buffer is never encoded whole).
+            return False
+        chunks = self._chunks
+        if chunks is not None:
+            memo = batch.memo
+            chunk = memo.get(self._chunk_key)
+            if chunk is None:
+                body = self._encode(batch)
+                # b"": too large for one write (see above), for every subscriber alike.
+                chunk = chunk_frame(body) if len(body) <= self._max_bytes else b""
+                memo[self._chunk_key] = chunk
+            if chunk and chunks.write(chunk):
+                SSE_CHUNK_WRITES.n += 1
+                return True
             return False
         body = self._encode(batch)
         if len(body) > self._max_bytes:
@@ -101,6 +131,7 @@ class DirectWriter:
     def cancel(self) -> None:
         """Stop writing directly (the response is ending)."""
         self._send = None
+        self._chunks = None
         if self._inflight is not None:
             self._inflight.cancel()
 
@@ -162,6 +193,14 @@ def connection_abort(scope: Any) -> Callable[[], None] | None:
     return None if connection is None else connection.get("abort")
 
 
+def connection_chunks(scope: Any) -> ChunkWriter | None:
+    """A ``ChunkWriter`` for this request's response, if the server offers one (its
+    own protocol, http/connection_guard.py) and the response is being sent in chunks."""
+    connection = scope.get("extensions", {}).get(CONNECTION_EXTENSION)
+    body_writer = None if connection is None else connection.get("body_writer")
+    return None if body_writer is None else cast(ChunkWriter | None, body_writer(scope))
+
+
 def pieces(frames: Iterable[bytes], max_bytes: int) -> Iterator[bytes]:
     """``frames`` as writes of at most ``max_bytes`` each: small frames joined, large
     ones sliced (a slow reader then holds one piece in the send buffer, not the frame)."""
@@ -198,14 +237,16 @@ async def _finish(write: _Write, blocked_on: Any) -> None:
 
 
 class _ASGISseResponse(ASGIStreamingResponse):
-    __slots__ = ("writer",)
+    __slots__ = ("scope", "writer")
 
-    def __init__(self, *, writer: DirectWriter, **kwargs: Any) -> None:
+    def __init__(self, *, writer: DirectWriter, scope: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.writer = writer
+        self.scope = scope
 
     async def _stream(self, send: Send) -> None:
-        self.writer.bind(send)
+        # The head has been sent (Litestar's ASGIResponse sends it before the body).
+        self.writer.bind(send, connection_chunks(self.scope))
         try:
             await super()._stream(send)
         finally:
@@ -238,6 +279,7 @@ class SseStream(Stream):
         cookies = self.cookies if cookies is None else itertools.chain(self.cookies, cookies)
         return _ASGISseResponse(
             writer=self.writer,
+            scope=request.scope,
             background=self.background or background,
             content_length=0,
             cookies=cookies,

@@ -42,6 +42,37 @@ def test_uvicorn_httptools_protocol() -> None:
         )
 
 
+def test_uvicorn_response_cycle_for_chunk_writes() -> None:
+    # http/connection_guard.py's ChunkWriter writes SSE body chunks to the transport as
+    # RequestResponseCycle.send would (docs/speed.md, "Direct SSE writes"): it reads the
+    # protocol's cycle and flow, the cycle's state, and frames chunks as send does.
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+
+    protocol = inspect.getsource(HttpToolsProtocol)
+    for attribute in ("self.cycle", "self.flow"):
+        assert attribute in protocol, (
+            f"uvicorn's HttpToolsProtocol no longer sets {attribute}, which "
+            "http/connection_guard.py's ChunkWriter uses"
+        )
+    source = inspect.getsource(RequestResponseCycle)
+    for attribute in (
+        "self.scope",
+        "self.response_started",
+        "self.response_complete",
+        "self.chunked_encoding",
+        "self.disconnected",
+        "self.flow.write_paused",
+    ):
+        assert attribute in source, (
+            f"uvicorn's RequestResponseCycle no longer has {attribute}, which "
+            "http/connection_guard.py's ChunkWriter reads"
+        )
+    assert 'b"%x\\r\\n" % len(body), body, b"\\r\\n"' in source, (
+        "uvicorn's send frames body chunks differently now: http/connection_guard.py's "
+        "chunk_frame must write what it writes"
+    )
+
+
 def test_uvicorn_server_shutdown() -> None:
     # serve.py's DrainingServer overrides shutdown(sockets) and closes self.servers.
     import uvicorn
