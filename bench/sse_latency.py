@@ -22,8 +22,10 @@ connection). Neither may grow with the number of subscribers. ``fed/app``: batch
 server's own appends fanned out without a read, per append (docs/live.md).
 
 ``chunks/app``: batches the fan-out wrote to a subscriber's connection itself, per append
-(``ductor_streams_sse_chunk_writes_total``); ``srv us/chunk``: the server's CPU over
-those writes, an upper bound of one write's cost (the appends are in it too).
+(``ductor_streams_sse_chunk_writes_total``); ``srv us/write``: the server's CPU over the
+writes its fan-outs owed (batches fanned out, ``ductor_streams_follower_lag_seconds``'s
+count, times subscribers), an upper bound of one write's cost (the appends are in it
+too) that other revisions report alike.
 
 Baseline in the same run: raw ``pg_notify`` commit -> asyncpg listener callback.
 ``--baseline REV`` also starts a server on git revision REV's ``ductor_streams/``
@@ -368,18 +370,22 @@ _READS = re.compile(r'^ductor_streams_live_reads_total\{kind="(\w+)"\} (\S+)$', 
 
 _FED = re.compile(r"^ductor_streams_live_fed_batches_total (\S+)$", re.MULTILINE)
 _CHUNKS = re.compile(r"^ductor_streams_sse_chunk_writes_total (\S+)$", re.MULTILINE)
+_FAN_OUTS = re.compile(r"^ductor_streams_follower_lag_seconds_count (\S+)$", re.MULTILINE)
 
 
 async def live_reads(client: httpx.AsyncClient) -> dict[str, float]:
     """The server's Postgres reads for live delivery so far, by kind, and (as ``fed``)
     the batches of its own appends it fanned out without a read, and (as ``chunks``) the
-    batches the fan-out wrote to a subscriber's connection itself (from /metrics)."""
+    batches the fan-out wrote to a subscriber's connection itself, and (as ``fan_outs``)
+    the batches fanned out (from /metrics)."""
     text = (await client.get("/metrics")).text
     counts = {kind: float(value) for kind, value in _READS.findall(text)}
     fed = _FED.search(text)
     counts["fed"] = float(fed[1]) if fed else 0.0
     chunks = _CHUNKS.search(text)
     counts["chunks"] = float(chunks[1]) if chunks else 0.0
+    fan_outs = _FAN_OUTS.search(text)  # one observation per batch fanned out
+    counts["fan_outs"] = float(fan_outs[1]) if fan_outs else 0.0
     return counts
 
 
@@ -517,12 +523,17 @@ async def one_run(
         "chunk_writes_per_append": round(
             (reads_after.get("chunks", 0) - reads_before.get("chunks", 0)) / total, 3
         ),
-        # All of the server's CPU over its direct writes: an upper bound of one write's
-        # cost (the appends' own work is in it), which the fan-out dominates at 1,000.
-        "server_us_per_chunk_write": round(
+        # All of the server's CPU over the writes its fan-outs owed (every batch to every
+        # subscriber): an upper bound of one write's cost (the appends' own work is in
+        # it), which the fan-out dominates from 1,000 subscribers. The same count on
+        # revisions without the chunk counter.
+        "server_us_per_write": round(
             1e6
             * server_cpu
-            / max(1.0, reads_after.get("chunks", 0) - reads_before.get("chunks", 0)),
+            / max(
+                1.0,
+                (reads_after.get("fan_outs", 0) - reads_before.get("fan_outs", 0)) * subscribers,
+            ),
             1,
         ),
         "max_server_connections": connections.peak,
@@ -613,7 +624,7 @@ _COLUMNS = (
     ("follower/app", "follower_reads_per_append", 12),
     ("subscriber/app", "subscriber_reads_per_append", 14),
     ("chunks/app", "chunk_writes_per_append", 10),
-    ("srv us/chunk", "server_us_per_chunk_write", 12),
+    ("srv us/write", "server_us_per_write", 12),
     ("pg conns", "max_server_connections", 8),
     ("srv cpu", "server_cpu_share", 7),
     ("cli cpu", "client_cpu_share", 7),
@@ -657,7 +668,7 @@ def _print_medians(rows: list[dict[str, Any]], baseline: str | None) -> None:
             and a["side"] == "checkout"
             and b["side"] == baseline
         ]
-        for key in ("p50_ms", "p99_ms", "server_cpu_share"):
+        for key in ("p50_ms", "p99_ms", "server_us_per_write"):
             ratios = [a[key] / b[key] for a, b in pairs if b[key]]
             if ratios:
                 print(

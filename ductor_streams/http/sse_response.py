@@ -68,8 +68,8 @@ class DirectWriter:
         self._guard = guard
         # ``encode`` keeps its own frames under ``memo_key`` (a tuple of redaction
         # pointers); the framed chunk is kept beside them under a key no tuple of
-        # pointers can equal.
-        self._chunk_key = ("chunk", memo_key)
+        # pointers can equal (and whose b"", too large, holds for this bound only).
+        self._chunk_key = ("chunk", memo_key, max_bytes)
         self._send: Send | None = None
         self._chunks: ChunkWriter | None = None
         self._inflight: asyncio.Task[None] | None = None
@@ -82,6 +82,18 @@ class DirectWriter:
         self._chunks = chunks
 
     def __call__(self, batch: LiveBatch) -> bool:
+        chunks = self._chunks
+        if chunks is not None:
+            # Once per subscriber per batch: the first subscriber of a key frames the
+            # chunk, the others find it. (Bound with chunks, ``send`` is never used
+            # directly, so nothing of it can be in flight.)
+            chunk = batch.memo.get(self._chunk_key)
+            if chunk is None:
+                chunk = self._frame(batch)
+            if chunk and chunks.write(chunk):
+                SSE_CHUNK_WRITES.n += 1
+                return True
+            return False
         send = self._send
         if send is None or self._inflight is not None or self._broken:
             return False
@@ -89,19 +101,6 @@ class DirectWriter:
             # Larger writes go through the generator in pieces, so that a slow reader
             # never has more than one piece of them in the server's send buffer (and a
             # batch too large for any buffer is never encoded whole).
-            return False
-        chunks = self._chunks
-        if chunks is not None:
-            memo = batch.memo
-            chunk = memo.get(self._chunk_key)
-            if chunk is None:
-                body = self._encode(batch)
-                # b"": too large for one write (see above), for every subscriber alike.
-                chunk = chunk_frame(body) if len(body) <= self._max_bytes else b""
-                memo[self._chunk_key] = chunk
-            if chunk and chunks.write(chunk):
-                SSE_CHUNK_WRITES.n += 1
-                return True
             return False
         body = self._encode(batch)
         if len(body) > self._max_bytes:
@@ -121,6 +120,17 @@ class DirectWriter:
         if self._guard is not None:
             self._guard.watch(self._inflight)
         return True
+
+    def _frame(self, batch: LiveBatch) -> bytes:
+        """The batch's chunk for this key, kept in its memo; b"" when it is too large
+        for one write (see ``__call__``), for every subscriber of the key alike."""
+        chunk = b""
+        if batch.nbytes <= self._max_bytes:
+            body = self._encode(batch)
+            if len(body) <= self._max_bytes:
+                chunk = chunk_frame(body)
+        batch.memo[self._chunk_key] = chunk
+        return chunk
 
     async def drain(self) -> None:
         """Wait until a direct write that had to wait for the client has finished."""
