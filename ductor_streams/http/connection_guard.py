@@ -253,8 +253,9 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
 
 def chunk_frame(body: bytes) -> bytes:
     """``body`` framed as one HTTP/1.1 chunk, the bytes uvicorn's ``send`` writes for a
-    body message with ``more_body`` (an empty body would end the response: not here)."""
-    assert body, "an empty chunk ends a chunked body"
+    body message with ``more_body``."""
+    if not body:
+        raise ValueError("an empty chunk would end the chunked body")
     return b"%x\r\n%b\r\n" % (len(body), body)
 
 
@@ -263,9 +264,9 @@ class ChunkWriter:
     at once, as uvicorn's ``send`` would, without the ASGI ``send`` chain.
 
     A fan-out to a thousand SSE subscribers writes one batch to each; through ``send``
-    every write passed four wrappers and a coroutine and framed the chunk again
-    (docs/speed.md, "Direct SSE writes"). The wrappers of this app only look at a
-    response's start message, so a body chunk written here is the same on the wire.
+    every write passed the app's wrappers of ``send`` and a coroutine, and was framed
+    again (docs/speed.md, "Chunk writes"). Those wrappers only look at a response's
+    start message, so a body chunk written here is the same on the wire.
     ``write`` refuses (returns False, writing nothing) whenever ``send`` would not
     write at once: flow control holds writes back (the client reads slowly), the client
     went away, the connection is closing or the response ended. The caller then sends

@@ -127,7 +127,7 @@ class DirectWriter:
         chunk = b""
         if batch.nbytes <= self._max_bytes:
             body = self._encode(batch)
-            if len(body) <= self._max_bytes:
+            if body and len(body) <= self._max_bytes:
                 chunk = chunk_frame(body)
         batch.memo[self._chunk_key] = chunk
         return chunk
