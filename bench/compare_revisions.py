@@ -4,8 +4,8 @@
                                           [--env NAME=VALUE ...]
 
 Exports ``ductor_streams/`` of git revision ``REV`` (``git archive``) into a temporary
-folder and starts two ``serve --no-workers`` subprocesses over one isolated database:
-one on that code, one on this checkout's (``--env`` settings go to both). Each shape's
+folder, copies this checkout's into another, and starts two ``serve --no-workers``
+subprocesses over one isolated database: one on each (``--env`` settings go to both). Each shape's
 run is a pair, the two servers back to back, in alternating order; the table shows the
 medians of appends/s and server CPU per append for each side, and the median of the
 paired ratios (this checkout / REV), which drift on a busy machine hits least. Same
@@ -20,6 +20,7 @@ import argparse
 import asyncio
 import contextlib
 import secrets
+import shutil
 import statistics
 import subprocess
 import sys
@@ -47,6 +48,20 @@ def exported(revision: str) -> Iterator[Path]:
             capture_output=True,
         ).stdout
         subprocess.run(["tar", "-x", "-C", folder], input=archive, check=True)
+        yield Path(folder)
+
+
+@contextlib.contextmanager
+def copied_checkout() -> Iterator[Path]:
+    """A folder holding a copy of this checkout's ``ductor_streams/`` (uncommitted changes
+    included): both servers then import their code the same way, from a fresh folder
+    of their own, so that where the code lies is no difference between the sides."""
+    with tempfile.TemporaryDirectory(prefix="ds-bench-checkout-") as folder:
+        shutil.copytree(
+            ROOT / "ductor_streams",
+            Path(folder) / "ductor_streams",
+            ignore=shutil.ignore_patterns("__pycache__"),
+        )
         yield Path(folder)
 
 
@@ -80,6 +95,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     with (
         exported(args.revision) as code,
+        copied_checkout() as checkout_code,
         postgres_server() as server_dsn,
         isolated_database(server_dsn) as dsn,
         tempfile.TemporaryDirectory(prefix="ds-bench-logs-") as logs,
@@ -94,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                     _server(settings, code, env, Path(logs) / "revision.log")
                 ),
                 "checkout": stack.enter_context(
-                    _server(settings, ROOT, env, Path(logs) / "checkout.log")
+                    _server(settings, checkout_code, env, Path(logs) / "checkout.log")
                 ),
             }
             for run in range(args.runs):
