@@ -1,0 +1,79 @@
+"""Single-record appends through the store alone: an input stream beside an output one.
+
+    python -m bench.store_appends [--appends 300] [--rounds 2] [--pause-ms 2]
+
+No HTTP, no dispatcher, no Temporal: ``Store.append`` of one record at a time, with a
+short pause between appends, on one isolated database, alternating an output and an
+input stream each round. Printed: the median latency of each round in ms. It is the
+floor of the append hop that ``bench.temporal_delivery``'s latency run measures with
+everything else running (``server_hops_mean_ms.append_statement``); the difference is
+what the rest of the input path costs the next append.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import time
+import uuid
+
+from bench.environment import isolated_database, postgres_server
+from ductor_streams.definitions import parse_definition
+from ductor_streams.schema.migrate import migrate
+from ductor_streams.store import Store, StreamKey, encode_batch
+from ductor_streams.store.db import create_pool
+
+
+async def _rounds(dsn: str, appends: int, rounds: int, pause: float) -> dict[str, list[float]]:
+    await migrate(dsn)
+    pool = await create_pool(dsn, min_size=2, max_size=4)
+    medians: dict[str, list[float]] = {"output": [], "input": []}
+    try:
+        store = Store(pool)
+        for _ in range(rounds):
+            for direction in ("output", "input"):
+                definition = parse_definition(
+                    {"stream_id": "s", "direction": direction},
+                    region="local",
+                    object_store_regions=frozenset(),
+                )
+                key = StreamKey("bench", f"run-{uuid.uuid4().hex[:8]}", "s")
+                ref, _ = await store.create_stream(key, definition)
+                times = []
+                for i in range(appends):
+                    batch = encode_batch([{"i": i}])
+                    started = time.perf_counter()
+                    await store.append(ref, batch)
+                    times.append((time.perf_counter() - started) * 1000)
+                    await asyncio.sleep(pause)
+                medians[direction].append(statistics.median(times))
+    finally:
+        await pool.close()
+    return medians
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.store_appends",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--appends", type=int, default=300)
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--pause-ms", type=float, default=2.0)
+    args = parser.parse_args(argv)
+    load = os.getloadavg()[0]
+    with postgres_server() as server_dsn, isolated_database(server_dsn) as dsn:
+        medians = asyncio.run(_rounds(dsn, args.appends, args.rounds, args.pause_ms / 1000))
+    for direction, values in medians.items():
+        shown = ", ".join(f"{v:.3f}" for v in values)
+        print(f"{direction:6} append, median of {args.appends} per round: {shown} ms")
+    print(f"(1-minute load average at the start: {load:.1f})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
