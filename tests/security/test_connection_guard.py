@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from ductor_streams.config import Settings
+from tests.support.healthz import healthz_probe
 from tests.support.server import ServerProcess
 
 STALLED = 1000
@@ -80,11 +81,10 @@ async def test_slowloris_is_closed_by_the_head_deadline_and_healthz_stays_reacha
         for _ in range(STALLED)
     ]
     await started.wait()
-    probes: list[float] = []
-    while len(closed_at) < STALLED and time.monotonic() - t0 < 30:
-        probes.append(await _healthz_ms(guarded_server.url))
-        await asyncio.sleep(0.1)
-    await asyncio.gather(*attack)
+    # /healthz is probed from a process of its own (tests/support/healthz.py), each probe
+    # on a new connection: the test's own loop runs the 1,000 trickling connections.
+    with healthz_probe(guarded_server.url, new_connections=True) as probes:
+        await asyncio.gather(*attack)
     print(f"closed after {max(closed_at) - t0:.2f} s; healthz ms: {sorted(probes)}")
     # Every stalled connection was closed by the server: the head deadline is 3 s, and
     # trickling one byte a half second, no head completes before it.

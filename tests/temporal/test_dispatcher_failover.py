@@ -96,9 +96,13 @@ async def test_sigkilled_dispatcher_is_taken_over_without_loss_or_repeat(
     print(f"stranded leases at kill: {stranded}")
 
 
-# With the default lease (no DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS): the survivor must
-# have delivered every row the killed one held within this long of the kill.
-KILL_TAKEOVER_SECONDS = 3.0
+# With the default lease (1.5 s; no DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS): the survivor
+# must hold (or have delivered) every row the killed one held within this long of the
+# kill: one lease and a second for its wake and claim. How soon it then sends them is
+# Temporal's speed on the machine at the time, measured by bench.takeover, not here
+# (on a quiet machine 0.2-0.9 s more); the test bounds it loosely, to catch a stall.
+KILL_TAKEOVER_SECONDS = 2.5
+KILL_DELIVERED_SECONDS = 10.0
 # Inputs per run of these two tests: waves of WAVE until the dispatcher to stop holds a
 # lease (claims of 20 signals last long enough that it still holds it at the signal),
 # then the rest after it.
@@ -189,7 +193,7 @@ def _two_dispatchers(
 
 
 @pytest.mark.timeout(180)
-async def test_sigkilled_dispatcher_with_the_default_lease_is_taken_over_within_3_s(
+async def test_sigkilled_dispatcher_with_the_default_lease_is_taken_over_within_2_5_s(
     wf_client: Client,
     make_worker: WorkerFactory,
     task_queue: str,
@@ -220,22 +224,34 @@ async def test_sigkilled_dispatcher_with_the_default_lease_is_taken_over_within_
             for ref in refs:
                 await append_inputs(store, ref, list(range(appended, LONG_RUN)))
             await eventually(
+                lambda: _not_taken_over(pool, stranded, "steady"),
+                lambda n: n == 0,
+                timeout=30,
+                interval=0.01,
+                what="every row the killed dispatcher held delivered or leased to the survivor",
+            )
+            claimed = time.monotonic() - killed_at
+            await eventually(
                 lambda: _undelivered(pool, stranded),
                 lambda n: n == 0,
                 timeout=30,
                 interval=0.01,
                 what="every row the killed dispatcher held delivered",
             )
-            taken_over = time.monotonic() - killed_at
+            delivered = time.monotonic() - killed_at
             results = await asyncio.wait_for(
                 asyncio.gather(*(h.result() for h in handles)), timeout=120
             )
         finally:
             doomed.stop()
             steady.stop()
-    print(f"kill -9: {len(stranded)} held rows all delivered {taken_over:.2f} s after the kill")
+    print(
+        f"kill -9: {len(stranded)} held rows all claimed {claimed:.2f} s"
+        f" and delivered {delivered:.2f} s after the kill"
+    )
     assert stranded, "the killed dispatcher held no lease at the kill"
-    assert taken_over <= KILL_TAKEOVER_SECONDS
+    assert claimed <= KILL_TAKEOVER_SECONDS
+    assert delivered <= KILL_DELIVERED_SECONDS
     await _all_delivered_once_in_order(pool, refs, results)
 
 
