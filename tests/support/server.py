@@ -61,6 +61,8 @@ class ServerProcess:
     cwd: Path | None = None
     # The module run as ``python -m <module> serve ...`` (a benchmark may wrap the CLI).
     module: str = "ductor_streams.cli"
+    # Words before the interpreter (a benchmark may run the server under valgrind).
+    prefix: tuple[str, ...] = ()
 
     @property
     def url(self) -> str:
@@ -68,6 +70,7 @@ class ServerProcess:
 
     def start(self, timeout: float = 30.0) -> ServerProcess:
         args = [
+            *self.prefix,
             sys.executable,
             "-m",
             self.module,
