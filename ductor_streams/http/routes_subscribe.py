@@ -7,13 +7,17 @@ sequence), ``: keepalive`` comments while idle, and ``end`` after close or ``err
 The response also ends with ``event: reconnect`` when the server shuts down
 (``"reason":"server_shutdown"``, with ``retry: 1000``) and when the caller's token
 expires (``"reason":"token_expired"``): a stream never outlives the token that opened it.
+
+For a reader without redaction, the backfill's (and any catch-up's) pages are written by
+Postgres as these record events, one string per page (store/read_frames.py): the same
+bytes ``_record_frames`` writes, for a fraction of the server's CPU.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from functools import partial
 from typing import Any
 
@@ -39,6 +43,7 @@ from ductor_streams.http.state import runtime_in
 from ductor_streams.live.events import Draining, End, Expired, LiveBatch, TokenExpired
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.subscription import Subscription
+from ductor_streams.store.read_frames import FramedPage
 
 KEEPALIVE = b": keepalive\n\n"
 # The last frame of a response ended by this server's shutdown: `retry` tells an
@@ -73,7 +78,8 @@ async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
     check_egress(request, ref)
     redaction = redaction_for(principal_of(request), ref)
     followers = followers_of(request.app)
-    subscription = await followers.subscribe(ref.stream_pk, cursor)
+    # Without redaction, Postgres writes the backfill's record events (store/read_frames.py).
+    subscription = await followers.subscribe(ref.stream_pk, cursor, sse_frames=not redaction)
     live = followers.settings
     abort = connection_abort(request.scope)
     guard = StallGuard(abort, live.stall_seconds) if abort is not None else None
@@ -128,9 +134,15 @@ async def _events(
                 yield KEEPALIVE
                 if stall is not None:
                     stall.cancel()
-            elif isinstance(item, list):
-                metrics.SSE_EVENTS.n += sum(len(batch.records) for batch in item)
-                frames = (_record_frames(batch, redaction, memo_key) for batch in item)
+            elif isinstance(item, list | FramedPage):
+                frames: Iterable[bytes]
+                if isinstance(item, FramedPage):
+                    # A backfill page as one string: sliced only past the write bound.
+                    metrics.SSE_EVENTS.n += item.count
+                    frames = (item.frames,)
+                else:
+                    metrics.SSE_EVENTS.n += sum(len(batch.records) for batch in item)
+                    frames = (_record_frames(batch, redaction, memo_key) for batch in item)
                 for piece in pieces(frames, chunk):
                     stall = guard.arm() if guard is not None else None
                     yield piece
@@ -169,6 +181,8 @@ def _token_expiry(request: Request[Any, Any, Any]) -> float | None:
 
 def _record_frames(batch: LiveBatch, redaction: list[str], memo_key: tuple[str, ...]) -> bytes:
     # Every subscriber of this process shares the batch: encode it once per redaction.
+    # records_read_sse_frames writes the same bytes in SQL; a change of the format here
+    # is a change there (tests/speed/test_sse_frames.py compares the two).
     frames = batch.memo.get(memo_key)
     if frames is None:
         frames = b"".join(

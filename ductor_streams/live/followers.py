@@ -29,6 +29,7 @@ from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page, Record
 from ductor_streams.store.outage import report_unavailable
 from ductor_streams.store.read import read_page
+from ductor_streams.store.read_frames import FramedPage, read_sse_frames
 
 log = logging.getLogger(__name__)
 
@@ -52,12 +53,16 @@ class Followers:
         self.draining = False
         self.detected_by = f"live@{socket.gethostname()}:{os.getpid()}"
 
-    async def subscribe(self, stream_pk: int, cursor: int) -> Subscription:
+    async def subscribe(
+        self, stream_pk: int, cursor: int, *, sse_frames: bool = False
+    ) -> Subscription:
         """Register a subscriber after ``cursor``, then read its first page.
 
         Raises what a read with that cursor raises (CursorInFuture, CursorExpired,
         NotFound), before anything is sent; the caller must ``release`` the returned
-        subscription when done with it.
+        subscription when done with it. With ``sse_frames`` (the native SSE response of
+        a reader without redaction) the subscription's own pages come as ``FramedPage``s
+        of SSE record events that Postgres wrote (store/read_frames.py).
         """
         follower = self._followers.get(stream_pk)
         if follower is None:
@@ -69,6 +74,7 @@ class Followers:
             buffer_records=self.settings.buffer_records,
             page_records=self.settings.page_records,
             buffer_bytes=self.settings.buffer_bytes,
+            read_framed=partial(self._framed_read, stream_pk) if sse_frames else None,
         )
         follower.add(subscription)  # registered BEFORE the first read: nothing slips by
         if self.draining:
@@ -192,6 +198,12 @@ class Followers:
     async def _subscriber_read(self, stream_pk: int, after: int, limit: int) -> Page:
         LIVE_READS.labels("subscriber").inc()
         return await self._read(stream_pk, after, limit)
+
+    async def _framed_read(self, stream_pk: int, after: int, limit: int) -> FramedPage | None:
+        LIVE_READS.labels("subscriber").inc()
+        return await read_sse_frames(
+            self._pool, stream_pk, after, limit, max_bytes=self.settings.page_bytes
+        )
 
     async def _read(self, stream_pk: int, after: int, limit: int) -> Page:
         return await read_page(

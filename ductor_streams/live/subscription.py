@@ -11,6 +11,12 @@ last_sent`` and checked for contiguity:
   from Postgres (and recorded as gap evidence) before anything after it is sent;
 - when the buffer would pass its bound, it is emptied and the subscriber reads from
   Postgres until it has caught up; the follower is never slowed down by it.
+
+An edge that writes the records as Postgres can frame them gives a ``FramedReader``:
+then its backfill and catch-up pages come as ``FramedPage``s (the records' bytes as the
+edge sends them, with their bounds) instead of ``LiveBatch``es, and everything else,
+including the rules above, is the same: the subscription needs a page's last sequence
+and bounds, not its records.
 """
 
 from __future__ import annotations
@@ -37,11 +43,21 @@ from ductor_streams.live.stats import LIVE_OVERFLOWS
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page
 from ductor_streams.store.outage import report_unavailable
+from ductor_streams.store.read_frames import FramedPage
 
 log = logging.getLogger(__name__)
 
 PageReader = Callable[[int, int], Awaitable[Page]]
 """``read(after, limit)``: records with ``sequence > after`` (store.read.read_page)."""
+
+FramedReader = Callable[[int, int], Awaitable[FramedPage | None]]
+"""``read(after, limit)``: ``PageReader``'s page as the edge's frames, up to its first
+record that must be read as a ``Record`` (store.read_frames.read_sse_frames); None when
+that is the page's first record (then ``PageReader`` reads the page)."""
+
+Delivery = list[LiveBatch] | FramedPage
+"""What ``Subscription.next`` hands the edge to send: fanned-out or read batches, or a
+page its ``FramedReader`` read."""
 
 GapRecorder = Callable[[int, int, int], Awaitable[None]]
 """``record(expected, received, repaired_records)``: keeps gap evidence."""
@@ -67,9 +83,11 @@ class Subscription:
         buffer_records: int,
         page_records: int,
         buffer_bytes: int = 4 * 1024 * 1024,
+        read_framed: FramedReader | None = None,
     ) -> None:
         self.last_sent = cursor
         self._read = read
+        self._read_framed = read_framed
         self._record_gap = record_gap
         self._limit = buffer_records
         self._limit_bytes = buffer_bytes
@@ -89,7 +107,7 @@ class Subscription:
         self._closed_at: int | None = None
         self._terminal: Terminal | None = None
         self._finished = False
-        self._pending: list[LiveBatch] = []
+        self._pending: Delivery | None = None
         self._sink: Sink | None = None
         self.direct_deliveries = 0
         # Records read before the subscription first went live (its backfill), and the
@@ -140,7 +158,7 @@ class Subscription:
 
     def _deliver_direct(self, batch: LiveBatch) -> bool:
         waiter = self._waiter
-        if waiter is None or waiter.done() or self._buffer or self._pending:
+        if waiter is None or waiter.done() or self._buffer or self._pending is not None:
             return False
         if self._catching_up or self._terminal is not None or self._closed_at is not None:
             return False
@@ -196,21 +214,22 @@ class Subscription:
                 "sse.backfill", attributes={"ductor_streams.cursor": self.last_sent}
             )
         try:
-            page = await self._read_page(self.last_sent, self._page)
+            page = await self._read_catch_up()
         except BaseException:
             self._end_backfill()
             raise
         self._catching_up = _more_after(page)
-        self._pending = self._take_page(page)
-        self._backfill_page(len(page.records))
+        self._pending = self._take(page)
+        self._backfill_page(_count(page))
         self._last_activity = asyncio.get_running_loop().time()
 
-    async def next(self, idle_timeout: float | None = None) -> list[LiveBatch] | Terminal | None:
-        """The next batches to send, a terminal event (after which there is nothing
-        more), or ``None`` when nothing arrived within ``idle_timeout`` seconds."""
+    async def next(self, idle_timeout: float | None = None) -> Delivery | Terminal | None:
+        """The next batches (or framed page) to send, a terminal event (after which there
+        is nothing more), or ``None`` when nothing arrived within ``idle_timeout``
+        seconds."""
         loop = asyncio.get_running_loop()
-        if self._pending:
-            pending, self._pending = self._pending, []
+        if self._pending is not None:
+            pending, self._pending = self._pending, None
             self._last_activity = loop.time()
             return pending
         item = await self._next(loop, idle_timeout)
@@ -219,7 +238,7 @@ class Subscription:
 
     async def _next(
         self, loop: asyncio.AbstractEventLoop, idle_timeout: float | None
-    ) -> list[LiveBatch] | Terminal | None:
+    ) -> Delivery | Terminal | None:
         while True:
             if self._finished:
                 raise RuntimeError("the subscription has ended")
@@ -230,7 +249,7 @@ class Subscription:
                 self._catching_up = True
             if self._catching_up:
                 try:
-                    page = await self._read_page(self.last_sent, self._page)
+                    page = await self._read_catch_up()
                 except CursorExpired as exc:
                     return self._finish(Expired(exc))
                 except NotFound:
@@ -240,11 +259,11 @@ class Subscription:
                         raise
                     return self._finish(_interrupted(exc))
                 self._catching_up = _more_after(page)
-                batches = self._take_page(page)
+                taken = self._take(page)
                 if not self._backfill_done:
-                    self._backfill_page(len(page.records))
-                if batches:
-                    return batches
+                    self._backfill_page(_count(page))
+                if taken is not None:
+                    return taken
                 continue
             if self._closed_at is not None and self.last_sent >= self._closed_at:
                 return self._finish(End(self._closed_at))
@@ -314,6 +333,16 @@ class Subscription:
         if closed:
             self._closed_at = latest
 
+    def _take(self, page: Page | FramedPage) -> Delivery | None:
+        """A read page as what ``next`` hands out (None: it holds no records)."""
+        if isinstance(page, FramedPage):
+            self._note_bounds(page.closed, page.latest_sequence)
+            if not page.count:
+                return None
+            self.last_sent = page.last_sequence
+            return page
+        return self._take_page(page) or None
+
     def _take_page(self, page: Page) -> list[LiveBatch]:
         self._note_bounds(page.closed, page.latest_sequence)
         if not page.records:
@@ -324,6 +353,16 @@ class Subscription:
     async def _read_page(self, after: int, limit: int) -> Page:
         self.postgres_reads += 1
         return await self._read(after, limit)
+
+    async def _read_catch_up(self) -> Page | FramedPage:
+        """The backfill's or a catch-up's next page: framed when the edge frames them
+        and the page does not start with a record that needs a ``Record``."""
+        if self._read_framed is not None:
+            self.postgres_reads += 1
+            framed = await self._read_framed(self.last_sent, self._page)
+            if framed is not None:
+                return framed
+        return await self._read_page(self.last_sent, self._page)
 
     async def _from_buffer(self) -> list[LiveBatch] | Expired | Gone | Interrupted:
         out: list[LiveBatch] = []
@@ -394,7 +433,14 @@ def _interrupted(exc: BaseException) -> Interrupted:
     return Interrupted()
 
 
-def _more_after(page: Page) -> bool:
+def _more_after(page: Page | FramedPage) -> bool:
     """Whether records after the page existed when it was read: it was cut by its
-    record limit or its byte limit (store.read.read_page), not by the stream's end."""
+    record limit or its byte limit (store.read.read_page), or a framed page by a record
+    that refers to an object, not by the stream's end."""
+    if isinstance(page, FramedPage):
+        return page.count > 0 and page.last_sequence < page.latest_sequence
     return bool(page.records) and page.records[-1].sequence < page.latest_sequence
+
+
+def _count(page: Page | FramedPage) -> int:
+    return page.count if isinstance(page, FramedPage) else len(page.records)

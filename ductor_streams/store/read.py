@@ -39,7 +39,7 @@ def page_of_rows(rows: list[asyncpg.Record], cursor: int) -> Page:
         raise NotFound("stream does not exist")
     head = rows[0]
     latest, earliest = head["latest_sequence"], head["earliest_sequence"]
-    _check_cursor(cursor, earliest, latest)
+    check_cursor(cursor, earliest, latest)
     records = [
         Record(
             sequence=r["sequence"],
@@ -60,7 +60,9 @@ def page_of_rows(rows: list[asyncpg.Record], cursor: int) -> Page:
     )
 
 
-def _check_cursor(cursor: int, earliest: int, latest: int) -> None:
+def check_cursor(cursor: int, earliest: int, latest: int) -> None:
+    """The cursor rules of every read: CursorInFuture past the latest sequence,
+    CursorExpired when retention removed the record after the cursor."""
     if cursor > latest:
         raise CursorInFuture(f"cursor {cursor} is beyond the latest sequence {latest}")
     if cursor + 1 < earliest:
@@ -91,7 +93,7 @@ async def read_page_text(
     if row is None:
         raise NotFound("stream does not exist")
     earliest, latest = row["earliest_sequence"], row["latest_sequence"]
-    _check_cursor(cursor, earliest, latest)
+    check_cursor(cursor, earliest, latest)
     if row["has_objects"]:
         return None
     count = row["records"]

@@ -101,6 +101,50 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
  WHERE s.stream_pk = $1
  ORDER BY r.sequence;
 
+-- name: records_read_sse_frames
+-- records_read_bytes' page ($3 records at most, at most $4 payload bytes but at least one
+-- record) already written as the native SSE response's record events, joined: for each
+-- record "event: record\nid: <sequence>\ndata: <its JSON>\n\n", the JSON exactly as
+-- records_read_page_json writes it (http/routes_subscribe.py _record_frames, byte for
+-- byte). The SSE backfill then costs the server one string per page, not a Python
+-- object per record and field (docs/speed.md, "SSE backfill written by Postgres"). A
+-- record that refers to an object (jsonb's text form is not compact) ends the framed
+-- part: frames holds the records before it, object_next says that one was met; a page
+-- that starts with one has no frames, and its caller reads it with records_read_bytes.
+-- Without window functions (they were a third of the statement): the byte budget counts
+-- from the page's first record with cumulative_bytes (the stream's running sum of
+-- sizes), and b, one pass over the page's rows before the frames are written, finds
+-- where it starts and its first record with an object.
+SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
+       p.records, p.last_sequence, b.first_object IS NOT NULL AS object_next, p.frames
+  FROM workflow_streams.streams s
+ CROSS JOIN (
+        SELECT min(x.cumulative_bytes - x.size) AS start,
+               min(x.sequence) FILTER (WHERE x.object IS NOT NULL) AS first_object
+          FROM (SELECT xx.sequence, xx.size, xx.cumulative_bytes, xx.object
+                  FROM workflow_streams.records xx
+                 WHERE xx.stream_pk = $1 AND xx.sequence > $2
+                 ORDER BY xx.sequence
+                 LIMIT $3) x) b
+ CROSS JOIN LATERAL (
+        SELECT count(*) AS records, max(w.sequence) AS last_sequence,
+               string_agg(E'event: record\nid: ' || w.sequence
+                          || E'\ndata: {"sequence":' || w.sequence || ',"payload":' || w.payload
+                          || ',"size":' || w.size || ',"appended_at":"'
+                          || to_char(w.appended_at AT TIME ZONE 'UTC',
+                                     CASE WHEN date_trunc('second', w.appended_at) = w.appended_at
+                                          THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'
+                                          ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END)
+                          || E'","object":null}\n\n', '' ORDER BY w.sequence) AS frames
+          FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.cumulative_bytes
+                  FROM workflow_streams.records rr
+                 WHERE rr.stream_pk = $1 AND rr.sequence > $2
+                 ORDER BY rr.sequence
+                 LIMIT $3) w
+         WHERE w.cumulative_bytes - w.size - b.start < $4
+           AND (b.first_object IS NULL OR w.sequence < b.first_object)) p
+ WHERE s.stream_pk = $1;
+
 -- name: records_append
 -- The 7-argument form: notifies inside its own transaction, at commit. Not on the HTTP
 -- append path (records_append_group); tests/speed/test_wakes.py checks that form with it.
