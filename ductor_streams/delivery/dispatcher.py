@@ -91,6 +91,12 @@ class _ClaimedStream:
     # Monotonic start of the claim, then of the last renewal that covered all of `held`.
     renewed_at: float
     lost: bool = False
+    # The dispatcher's wake count when the claim that took it was sent (``notify``).
+    wakes_at_claim: int = 0
+    # Every delivery sent and recorded (no retry, death, give-back or failure).
+    clean: bool = False
+    # A wake for this stream came while it was held (``notify(stream_pk)``).
+    more: bool = False
 
 
 class Dispatcher:
@@ -113,15 +119,27 @@ class Dispatcher:
         self._guard = self.config.lease_seconds * LEASE_GUARD
         self._renew_every = self.config.lease_seconds / RENEWALS_PER_LEASE
         self._wake = asyncio.Event()
+        self._wakes = 0  # notify() calls so far: what a finished stream compares
         self._stop = asyncio.Event()
         self._stopped_at: float | None = None
         self._streams: set[_ClaimedStream] = set()
+        self._held: dict[int, _ClaimedStream] = {}  # stream_pk -> its claim, while delivered
         self._heartbeat: asyncio.Task[None] | None = None
         self.delivered = 0
         self.renewals = 0  # renewal statements that succeeded (tests, metrics)
+        self.claims = 0  # claim statements sent (tests)
 
-    def notify(self) -> None:
-        """Something may be due now (an append committed): look without waiting."""
+    def notify(self, stream_pk: int | None = None) -> None:
+        """Something may be due now (an append committed, to ``stream_pk`` when known):
+        look without waiting. A stream this dispatcher is delivering is looked at again
+        when its delivery ends instead: a claim now could not take it (its head is
+        leased here)."""
+        if stream_pk is not None:
+            held = self._held.get(stream_pk)
+            if held is not None:
+                held.more = True
+                return
+        self._wakes += 1
         self._wake.set()
 
     def stop(self) -> None:
@@ -140,13 +158,29 @@ class Dispatcher:
         busy with long streams of its own.
         """
         failures = 0
-        tasks: set[asyncio.Task[None]] = set()
+        tasks: dict[asyncio.Task[None], _ClaimedStream] = {}
+        # A claim may have left due streams behind for want of a free slot.
+        starved = False
 
         def finished(task: asyncio.Task[None]) -> None:
-            tasks.discard(task)
+            stream = tasks.pop(task)
             if not task.cancelled() and task.exception() is not None:
                 log.error("delivery of a claimed stream crashed", exc_info=task.exception())
-            self._wake.set()  # a slot is free, and the stream may have more
+            # A slot is free. Claim again at once only if something may be due that no
+            # claim could take meanwhile: a wake came while this stream was held (for it:
+            # its new records wait behind its leased head; or any other since its claim),
+            # its claim took a full share (more may follow), it did not end clean (a
+            # retry, a give-back), or slots ran out.
+            # Otherwise nothing was appended since its claim, and the idle wait (the next
+            # due time, the idle poll) stands: one claim per record instead of two.
+            if (
+                starved
+                or stream.more
+                or not stream.clean
+                or stream.wakes_at_claim != self._wakes
+                or len(stream.deliveries) >= self.config.per_stream
+            ):
+                self._wake.set()
 
         async with self._renewing():
             try:
@@ -156,16 +190,22 @@ class Dispatcher:
                     timeout = self.config.idle_poll
                     try:
                         free = self.config.max_streams - len(tasks)
+                        starved = free <= 0
                         if free > 0:
+                            # Read before the claim is sent: a wake after it may be for a
+                            # commit the claim did not see.
+                            wakes = self._wakes
                             claimed = await self._claim(free)
                             failures = 0
                             for stream in claimed:
+                                stream.wakes_at_claim = wakes
                                 task = asyncio.get_running_loop().create_task(
                                     self._deliver_stream(stream)
                                 )
-                                tasks.add(task)
+                                tasks[task] = stream
                                 task.add_done_callback(finished)
                             if claimed and len(claimed) == free:
+                                starved = True
                                 continue  # every slot taken: more may be due at once
                             # Fewer than the free slots: nothing else was due at the claim,
                             # so no second claim now; a wake since (cleared above) or a
@@ -200,6 +240,7 @@ class Dispatcher:
         # later, so a guard counted from here ends early, never late.
         started = time.monotonic()
         started_ns = time.time_ns()
+        self.claims += 1
         claimed = await outbox.claim(
             self._pool,
             owner=self.owner,
@@ -216,6 +257,8 @@ class Dispatcher:
             for deliveries in claimed.values()
         ]
         self._streams.update(streams)
+        for stream in streams:
+            self._held[stream.deliveries[0].stream_pk] = stream
         return streams
 
     # -- the lease heartbeat ---------------------------------------------------------
@@ -392,11 +435,14 @@ class Dispatcher:
                     await self._flush(stream, done)
                     recorded_at = time.monotonic()
             await self._flush(stream, done)
+            stream.clean = True
         except _DB_ERRORS as exc:
             # The lease runs out and another claim (or replica) repeats what is unrecorded.
             log.warning("recording deliveries failed", extra={"error_type": type(exc).__name__})
         finally:
             self._streams.discard(stream)
+            if self._held.get(stream.deliveries[0].stream_pk) is stream:
+                del self._held[stream.deliveries[0].stream_pk]
 
     def _young(self, delivery: ClaimedDelivery) -> bool:
         age = (datetime.now(UTC) - delivery.created_at).total_seconds()

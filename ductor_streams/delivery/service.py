@@ -29,7 +29,9 @@ class _InputWakes:
     A wake through LISTEN that announces nothing past what this process's own append
     announced directly (``local``) wakes nobody: the claim that ``local`` set off came
     after that commit and saw its deliveries (and those of every earlier commit; a later
-    commit of another process announces a later sequence)."""
+    commit of another process announces a later sequence). The same holds the other way
+    round: the LISTEN wake of a local append can be read before the append's own answer,
+    and then ``local`` has nothing left to announce."""
 
     def __init__(self, pool: asyncpg.Pool, dispatcher: Dispatcher, tenant: str) -> None:
         self._pool = pool
@@ -47,18 +49,26 @@ class _InputWakes:
         if ref.key.tenant != self._tenant:
             return
         self._is_input[ref.stream_pk] = True
+        if last_sequence <= self._announced.get(ref.stream_pk, 0):
+            return  # announced already (its LISTEN wake was read first): its claim ran
+        self._announce(ref.stream_pk, last_sequence)
+        self._dispatcher.notify(ref.stream_pk)
+
+    def _announce(self, stream_pk: int, last_sequence: int) -> None:
         if len(self._announced) > 100_000:
             self._announced.clear()  # forgetting only costs a claim that finds nothing
-        if last_sequence > self._announced.get(ref.stream_pk, 0):
-            self._announced[ref.stream_pk] = last_sequence
-        self._dispatcher.notify()
+        self._announced[stream_pk] = last_sequence
 
     def __call__(self, stream_pk: int, latest: int | None = None) -> None:
         if latest is not None and latest <= self._announced.get(stream_pk, 0):
             return  # the echo of a local append (or older): its claim has run
         known = self._is_input.get(stream_pk)
-        if stream_pk == 0 or known:
+        if stream_pk == 0:
             self._dispatcher.notify()
+        elif known:
+            if latest is not None:
+                self._announce(stream_pk, latest)
+            self._dispatcher.notify(stream_pk)
         elif known is None:
             task = asyncio.get_running_loop().create_task(self._learn(stream_pk))
             self._tasks.add(task)
@@ -76,7 +86,7 @@ class _InputWakes:
             self._is_input.clear()
         self._is_input[stream_pk] = bool(is_input)
         if is_input:
-            self._dispatcher.notify()
+            self._dispatcher.notify(stream_pk)
 
 
 @contextlib.asynccontextmanager

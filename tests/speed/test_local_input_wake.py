@@ -15,9 +15,11 @@ from tests.support.credit import make_stream
 class _Dispatcher:
     def __init__(self) -> None:
         self.wakes = 0
+        self.streams: list[int | None] = []  # the stream each wake named
 
-    def notify(self) -> None:
+    def notify(self, stream_pk: int | None = None) -> None:
         self.wakes += 1
+        self.streams.append(stream_pk)
 
 
 async def test_a_committed_input_append_is_announced_once(pool: asyncpg.Pool) -> None:
@@ -55,6 +57,8 @@ async def test_the_dispatcher_takes_local_appends_of_its_tenant_only(pool: async
     # The stream is known to be an input stream now: its wakes need no lookup.
     wakes(ours.stream_pk)
     assert dispatcher.wakes == 2
+    # Each names its stream (the dispatcher defers a wake for a stream it is delivering).
+    assert dispatcher.streams == [ours.stream_pk, ours.stream_pk]
 
 
 async def test_the_listen_echo_of_a_local_append_wakes_nobody(pool: asyncpg.Pool) -> None:
@@ -82,3 +86,12 @@ async def test_the_listen_echo_of_a_local_append_wakes_nobody(pool: asyncpg.Pool
     assert seen == [3, 5] and dispatcher.wakes == 5
     wakes(ref.stream_pk, 5)
     assert dispatcher.wakes == 5
+    # The LISTEN wake read before the local append's own answer: it claims, and the
+    # local wake that follows has nothing left to announce.
+    wakes(ref.stream_pk, 7)
+    assert dispatcher.wakes == 6
+    wakes.local(ref, 7)
+    wakes.local(ref, 6)
+    assert dispatcher.wakes == 6
+    wakes.local(ref, 8)
+    assert dispatcher.wakes == 7

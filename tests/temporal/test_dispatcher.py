@@ -11,6 +11,7 @@ import uuid
 from collections import defaultdict
 
 import asyncpg
+import pytest
 from temporalio.client import Client
 
 from ductor_streams.definitions import parse_definition
@@ -243,3 +244,171 @@ async def test_unreachable_temporal_is_a_retryable_failure(
     ]
     assert rows[0]["last_error"].startswith("temporal unreachable: ")
     assert time.monotonic() - started < 15
+
+
+# Long enough that a record waiting for the idle poll or a lapsed lease fails the test.
+PATIENT = DispatcherConfig(idle_poll=30.0, lease_seconds=5.0, per_stream=7)
+
+
+class GatedWaitService(RecordingWaitService):
+    """Records deliveries; each waits until the test lets it finish."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.started = asyncio.Event()
+        self.gate = asyncio.Event()
+
+    async def deliver(self, event: InputEvent) -> None:
+        self.started.set()
+        await self.gate.wait()
+        await super().deliver(event)
+
+
+@pytest.mark.parametrize("wake", ["any", "its_stream"])
+async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
+    store: Store, pool: asyncpg.Pool, wake: str
+) -> None:
+    # Its stream's head is leased to the dispatcher while record 1 is signalled, so a
+    # claim cannot take record 2 then: the dispatcher must claim again when the stream
+    # finishes, not wait for the idle poll (30 s) or a lease (5 s). A wake that names
+    # the stream (what serve's own appends and LISTEN give) waits for that end instead
+    # of sending a claim that finds nothing; a bare wake sends it.
+    tenant = f"d-{uuid.uuid4().hex[:8]}"
+    ref = await input_stream(store, tenant, "run-during")
+    wait = GatedWaitService()
+    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await eventually(lambda: _claims(dispatcher), lambda n: n >= 1, what="first claim")
+        before = dispatcher.claims
+        await append_inputs(store, ref, [1])
+        dispatcher.notify(ref.stream_pk)
+        await asyncio.wait_for(wait.started.wait(), 5)
+        await append_inputs(store, ref, [2])
+        dispatcher.notify(ref.stream_pk if wake == "its_stream" else None)
+        if wake == "any":  # its claim runs while record 1 is held: it finds nothing
+            await eventually(
+                lambda: _claims(dispatcher), lambda n: n >= before + 2, what="the wake's claim"
+            )
+        wait.gate.set()
+        await eventually(
+            lambda: states(pool, [ref]),
+            lambda s: s == ["delivered"] * 2,
+            timeout=3,
+            what="record 2 delivered right after record 1",
+        )
+        claims = dispatcher.claims - before
+    finally:
+        dispatcher.stop()
+        await task
+    assert [c[2] for c in wait.calls] == [1, 2]
+    # Record 1's claim, then record 2's once record 1's stream ended; a bare wake's claim
+    # during the delivery found nothing.
+    assert claims == (2 if wake == "its_stream" else 3), claims
+
+
+async def test_records_one_at_a_time_cost_one_claim_each(store: Store, pool: asyncpg.Pool) -> None:
+    # Each record's wake claims it; its stream then ends clean with nothing new since,
+    # so no second claim follows (before: one more per record, and a due-time query).
+    tenant = f"d-{uuid.uuid4().hex[:8]}"
+    ref = await input_stream(store, tenant, "run-single")
+    wait = RecordingWaitService()
+    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await eventually(lambda: _claims(dispatcher), lambda n: n >= 1, what="first claim")
+        before = dispatcher.claims
+        for sequence in range(1, 11):
+            await append_inputs(store, ref, [sequence])
+            dispatcher.notify(ref.stream_pk)
+            await eventually(
+                lambda: states(pool, [ref]),
+                lambda s: s == ["delivered"] * sequence,  # noqa: B023 (awaited here)
+                timeout=3,
+                what=f"record {sequence} delivered",
+            )
+        claims = dispatcher.claims - before
+    finally:
+        dispatcher.stop()
+        await task
+    assert [c[2] for c in wait.calls] == list(range(1, 11))
+    assert claims == 10, claims
+
+
+async def test_a_stream_longer_than_a_claim_share_goes_on_at_once(
+    store: Store, pool: asyncpg.Pool
+) -> None:
+    # A claim leases 7 of the stream's 10 records (per_stream): the other 3 are claimed
+    # as soon as those are delivered, with no new wake.
+    tenant = f"d-{uuid.uuid4().hex[:8]}"
+    ref = await input_stream(store, tenant, "run-long")
+    wait = RecordingWaitService()
+    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+    await append_inputs(store, ref, list(range(10)))
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await eventually(
+            lambda: states(pool, [ref]),
+            lambda s: s == ["delivered"] * 10,
+            timeout=3,
+            what="all 10 delivered",
+        )
+    finally:
+        dispatcher.stop()
+        await task
+    assert [c[2] for c in wait.calls] == list(range(1, 11))
+
+
+async def test_a_failed_attempt_is_retried_at_its_backoff_not_at_the_idle_poll(
+    store: Store, pool: asyncpg.Pool
+) -> None:
+    # The stream ends unclean (a retry scheduled 0.05-0.1 s on): the dispatcher looks
+    # again, and waits for that due time rather than the idle poll or its old lease.
+    tenant = f"d-{uuid.uuid4().hex[:8]}"
+    ref = await input_stream(store, tenant, "run-retry")
+    wait = RecordingWaitService(fail={("run-retry", 1): 1})
+    config = dataclasses.replace(PATIENT, base_delay=0.1)
+    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=config)
+    await append_inputs(store, ref, [1])
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await eventually(
+            lambda: states(pool, [ref]),
+            lambda s: s == ["delivered"],
+            timeout=3,
+            what="record 1 delivered on its second attempt",
+        )
+    finally:
+        dispatcher.stop()
+        await task
+    assert [c[2] for c in wait.calls] == [1]
+
+
+async def test_a_stream_left_for_want_of_a_slot_is_claimed_when_one_frees(
+    store: Store, pool: asyncpg.Pool
+) -> None:
+    # One slot, two streams due: the second is claimed when the first one's delivery
+    # frees the slot, with no new wake.
+    tenant = f"d-{uuid.uuid4().hex[:8]}"
+    refs = [await input_stream(store, tenant, f"run-slot-{i}") for i in range(2)]
+    wait = RecordingWaitService()
+    config = dataclasses.replace(PATIENT, max_streams=1)
+    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=config)
+    for ref in refs:
+        await append_inputs(store, ref, [1, 2])
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        await eventually(
+            lambda: states(pool, refs),
+            lambda s: s == ["delivered"] * 4,
+            timeout=3,
+            what="both streams delivered",
+        )
+    finally:
+        dispatcher.stop()
+        await task
+    assert dict(wait.by_run()) == {"run-slot-0": [1, 2], "run-slot-1": [1, 2]}
+
+
+async def _claims(dispatcher: Dispatcher) -> int:
+    return dispatcher.claims
