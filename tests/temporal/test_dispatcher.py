@@ -5,10 +5,12 @@ logic), and a completed or missing workflow ending as `dead` (real Temporal)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
@@ -250,6 +252,17 @@ async def test_unreachable_temporal_is_a_retryable_failure(
 PATIENT = DispatcherConfig(idle_poll=30.0, lease_seconds=5.0, per_stream=7)
 
 
+@contextlib.asynccontextmanager
+async def running(dispatcher: Dispatcher) -> AsyncIterator[Dispatcher]:
+    """``dispatcher`` runs while the block does."""
+    task = asyncio.create_task(dispatcher.run())
+    try:
+        yield dispatcher
+    finally:
+        dispatcher.stop()
+        await task
+
+
 class GatedWaitService(RecordingWaitService):
     """Records deliveries; each waits until the test lets it finish."""
 
@@ -277,8 +290,7 @@ async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
     ref = await input_stream(store, tenant, "run-during")
     wait = GatedWaitService()
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
-    task = asyncio.create_task(dispatcher.run())
-    try:
+    async with running(dispatcher):
         await eventually(lambda: _claims(dispatcher), lambda n: n >= 1, what="first claim")
         before = dispatcher.claims
         await append_inputs(store, ref, [1])
@@ -298,9 +310,6 @@ async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
             what="record 2 delivered right after record 1",
         )
         claims = dispatcher.claims - before
-    finally:
-        dispatcher.stop()
-        await task
     assert [c[2] for c in wait.calls] == [1, 2]
     # Record 1's claim, then record 2's once record 1's stream ended; a bare wake's claim
     # during the delivery found nothing.
@@ -314,8 +323,7 @@ async def test_records_one_at_a_time_cost_one_claim_each(store: Store, pool: asy
     ref = await input_stream(store, tenant, "run-single")
     wait = RecordingWaitService()
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
-    task = asyncio.create_task(dispatcher.run())
-    try:
+    async with running(dispatcher):
         await eventually(lambda: _claims(dispatcher), lambda n: n >= 1, what="first claim")
         before = dispatcher.claims
         for sequence in range(1, 11):
@@ -328,9 +336,6 @@ async def test_records_one_at_a_time_cost_one_claim_each(store: Store, pool: asy
                 what=f"record {sequence} delivered",
             )
         claims = dispatcher.claims - before
-    finally:
-        dispatcher.stop()
-        await task
     assert [c[2] for c in wait.calls] == list(range(1, 11))
     assert claims == 10, claims
 
@@ -345,17 +350,13 @@ async def test_a_stream_longer_than_a_claim_share_goes_on_at_once(
     wait = RecordingWaitService()
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
     await append_inputs(store, ref, list(range(10)))
-    task = asyncio.create_task(dispatcher.run())
-    try:
+    async with running(dispatcher):
         await eventually(
             lambda: states(pool, [ref]),
             lambda s: s == ["delivered"] * 10,
             timeout=3,
             what="all 10 delivered",
         )
-    finally:
-        dispatcher.stop()
-        await task
     assert [c[2] for c in wait.calls] == list(range(1, 11))
 
 
@@ -370,17 +371,13 @@ async def test_a_failed_attempt_is_retried_at_its_backoff_not_at_the_idle_poll(
     config = dataclasses.replace(PATIENT, base_delay=0.1)
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=config)
     await append_inputs(store, ref, [1])
-    task = asyncio.create_task(dispatcher.run())
-    try:
+    async with running(dispatcher):
         await eventually(
             lambda: states(pool, [ref]),
             lambda s: s == ["delivered"],
             timeout=3,
             what="record 1 delivered on its second attempt",
         )
-    finally:
-        dispatcher.stop()
-        await task
     assert [c[2] for c in wait.calls] == [1]
 
 
@@ -396,17 +393,13 @@ async def test_a_stream_left_for_want_of_a_slot_is_claimed_when_one_frees(
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=config)
     for ref in refs:
         await append_inputs(store, ref, [1, 2])
-    task = asyncio.create_task(dispatcher.run())
-    try:
+    async with running(dispatcher):
         await eventually(
             lambda: states(pool, refs),
             lambda s: s == ["delivered"] * 4,
             timeout=3,
             what="both streams delivered",
         )
-    finally:
-        dispatcher.stop()
-        await task
     assert dict(wait.by_run()) == {"run-slot-0": [1, 2], "run-slot-1": [1, 2]}
 
 
