@@ -15,41 +15,7 @@ from ductor_streams.http.codec import encode_json, encode_record, page_json, pag
 from ductor_streams.store import Store
 from ductor_streams.store.models import Record, StreamRef
 from ductor_streams.store.read import read_page, read_page_text
-from tests.support.credit import append, make_stream
-
-PAYLOADS = [
-    {"n": 1, "text": "hello"},
-    "plain",
-    'quote " backslash \\ newline \n tab \t',
-    {"unicode": "h\u00e9llo \u2028 \u4e2d\u6587 \U0001f600", "nested": {"a": [1, 2.5, None]}},
-    12345678901234567890,
-    -0.5,
-    True,
-    None,
-    [],
-    {},
-    {"big": "x" * 5000},
-]
-
-SET_AT = (
-    "UPDATE workflow_streams.records SET appended_at = $3 WHERE stream_pk = $1 AND sequence = $2"
-)
-
-
-async def _stream(store: Store, pool: asyncpg.Pool) -> StreamRef:
-    ref = await make_stream(store, max_unread_items=None)
-    await append(store, ref, PAYLOADS)
-    await append(store, ref, PAYLOADS)
-    # isoformat() leaves out a zero fraction and writes six digits otherwise.
-    times = [
-        datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
-        datetime(2026, 1, 2, 3, 4, 5, 120000, tzinfo=UTC),
-        datetime(2026, 1, 2, 3, 4, 5, 1, tzinfo=UTC),
-        datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
-    ]
-    for sequence, at in enumerate(times, start=1):
-        await pool.execute(SET_AT, ref.stream_pk, sequence, at)
-    return ref
+from tests.support.read_streams import PAYLOADS, edge_stream
 
 
 async def _both(pool: asyncpg.Pool, ref: StreamRef, cursor: int, limit: int) -> tuple[bytes, bytes]:
@@ -62,7 +28,7 @@ async def _both(pool: asyncpg.Pool, ref: StreamRef, cursor: int, limit: int) -> 
 async def test_pages_written_by_postgres_are_the_same_bytes(
     pool: asyncpg.Pool, store: Store
 ) -> None:
-    ref = await _stream(store, pool)
+    ref = await edge_stream(store, pool)
     total = 2 * len(PAYLOADS)
     for cursor, limit in [(0, 1000), (0, 1), (3, 5), (total - 1, 10), (total, 10), (0, total)]:
         fast, slow = await _both(pool, ref, cursor, limit)
@@ -81,7 +47,7 @@ async def test_pages_written_by_postgres_are_the_same_bytes(
 async def test_a_page_with_an_object_reference_is_left_to_the_record_path(
     pool: asyncpg.Pool, store: Store
 ) -> None:
-    ref = await _stream(store, pool)
+    ref = await edge_stream(store, pool)
     await pool.execute(
         "UPDATE workflow_streams.records SET object = $3::jsonb"
         " WHERE stream_pk = $1 AND sequence = $2",
@@ -99,7 +65,7 @@ async def test_a_page_with_an_object_reference_is_left_to_the_record_path(
 
 
 async def test_the_cursor_rules_are_the_same(pool: asyncpg.Pool, store: Store) -> None:
-    ref = await _stream(store, pool)
+    ref = await edge_stream(store, pool)
     latest = 2 * len(PAYLOADS)
     with pytest.raises(CursorInFuture):
         await read_page_text(pool, ref.stream_pk, latest + 1, 10)

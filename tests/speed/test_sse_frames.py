@@ -6,8 +6,6 @@ same."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
-
 import asyncpg
 import httpx
 import msgspec
@@ -23,10 +21,10 @@ from ductor_streams.store import Store
 from ductor_streams.store.models import StreamRef
 from ductor_streams.store.read import read_page
 from ductor_streams.store.read_frames import FramedPage, read_sse_frames
-from tests.speed.test_read_text import PAYLOADS, SET_AT
 from tests.support.credit import append, make_stream
 from tests.support.live import API, close, create_stream, eventually, stream_pk
 from tests.support.live import append as http_append
+from tests.support.read_streams import PAYLOADS, edge_stream
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -34,22 +32,6 @@ BIG = 1 << 30  # a byte budget no page here reaches
 SET_OBJECT = (
     "UPDATE workflow_streams.records SET object = $3::jsonb WHERE stream_pk = $1 AND sequence = $2"
 )
-
-
-async def _stream(store: Store, pool: asyncpg.Pool, copies: int = 2) -> StreamRef:
-    """PAYLOADS ``copies`` times, the first records' times with and without a fraction."""
-    ref = await make_stream(store, max_unread_items=None)
-    for _ in range(copies):
-        await append(store, ref, PAYLOADS)
-    times = [
-        datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC),
-        datetime(2026, 1, 2, 3, 4, 5, 120000, tzinfo=UTC),
-        datetime(2026, 1, 2, 3, 4, 5, 1, tzinfo=UTC),
-        datetime(1999, 12, 31, 23, 59, 59, 999999, tzinfo=UTC),
-    ]
-    for sequence, at in enumerate(times, start=1):
-        await pool.execute(SET_AT, ref.stream_pk, sequence, at)
-    return ref
 
 
 async def _both(
@@ -73,7 +55,7 @@ async def _both(
 
 
 async def test_framed_pages_are_the_record_paths_bytes(pool: asyncpg.Pool, store: Store) -> None:
-    ref = await _stream(store, pool)
+    ref = await edge_stream(store, pool)
     total = 2 * len(PAYLOADS)
     cases = [
         (0, 1000, BIG),  # the whole stream in one page
@@ -111,7 +93,7 @@ async def test_an_empty_stream_reads_an_empty_framed_page(pool: asyncpg.Pool, st
 async def test_a_record_with_an_object_ends_the_framed_part(
     pool: asyncpg.Pool, store: Store
 ) -> None:
-    ref = await _stream(store, pool)
+    ref = await edge_stream(store, pool)
     await pool.execute(SET_OBJECT, ref.stream_pk, 5, '{"object_id": "o-1", "size": 3}')
     framed, slow, _ = await _both(pool, ref, 0, 10)
     assert framed.count == 4 and framed.last_sequence == 4 and framed.frames == slow
@@ -125,7 +107,7 @@ async def test_a_record_with_an_object_ends_the_framed_part(
 
 
 async def test_the_cursor_rules_are_the_same(pool: asyncpg.Pool, store: Store) -> None:
-    ref = await _stream(store, pool)
+    ref = await edge_stream(store, pool)
     latest = 2 * len(PAYLOADS)
     with pytest.raises(CursorInFuture):
         await read_sse_frames(pool, ref.stream_pk, latest + 1, 10, BIG)
@@ -202,7 +184,7 @@ async def test_a_backfill_through_records_with_objects_is_the_same_bytes(
 ) -> None:
     """Objects at a page's start, inside it and at its end, and two in a row: the framed
     pages stop before them and the record path reads them."""
-    ref = await _stream(store, pool)
+    ref = await edge_stream(store, pool)
     for sequence in (1, 5, 7, 8, 14, 22):
         await pool.execute(
             SET_OBJECT, ref.stream_pk, sequence, f'{{"object_id": "o-{sequence}", "size": 3}}'
