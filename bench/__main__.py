@@ -8,7 +8,7 @@ part's event loop, threads or crash cannot disturb the next):
 - ``append``: appends/s and p50/p99 over real HTTP beside the raw-Postgres baseline,
   credit overhead, server CPU per append (bench/append.py)
 - ``sse``: append -> SSE latency at 1, 100, 1,000 and 2,000 subscribers, beside raw
-  ``pg_notify`` -> listener (bench/sse_latency.py)
+  ``pg_notify`` -> listener and the fan-out floor (bench/sse_latency.py, bench/fanout_floor.py)
 - ``temporal``: HTTP input -> workflow delivery (bench/temporal_delivery.py)
 - ``objects``: large-object upload and commit (bench/objects.py)
 - ``tracing``: appends/s at 1 and 16 clients with tracing off, on at 100% and at 1%

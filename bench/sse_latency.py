@@ -1,7 +1,7 @@
 """Benchmark: live delivery latency over SSE, and what subscribers cost Postgres.
 
     python -m bench.sse_latency [--subscribers 0,1,100,1000,2000] [--rate 200] [--seconds 10]
-                                [--runs 1] [--baseline REV] [--profile PREFIX]
+                                [--runs 1] [--baseline REV] [--no-floor] [--profile PREFIX]
                                 [--database-url postgresql://...] [--json out.json]
 
 For each subscriber count, on a fresh stream of a real ``serve --no-workers`` process:
@@ -27,7 +27,11 @@ writes its fan-outs owed (batches fanned out, ``ductor_streams_follower_lag_seco
 count, times subscribers), an upper bound of one write's cost (the appends are in it
 too) that other revisions report alike.
 
-Baseline in the same run: raw ``pg_notify`` commit -> asyncpg listener callback.
+Baselines in the same run: raw ``pg_notify`` commit -> asyncpg listener callback; and,
+unless ``--no-floor``, the fan-out floor (bench/fanout_floor.py: a process with no
+database and no framework that only writes each turn's appends to every subscriber's
+socket), run beside this checkout's server in every run as the side ``floor``, with
+the medians of the paired ratios (checkout / floor) printed after the runs.
 ``--baseline REV`` also starts a server on git revision REV's ``ductor_streams/``
 (``git archive``, as bench/compare_revisions.py) over the same database: each of the
 ``--runs`` is then a pair, the two servers back to back in alternating order, and the
@@ -76,6 +80,8 @@ from tests.support.server import ServerProcess
 API = "/api/workflow-streams"
 _ID = re.compile(rb"^id: (\d+)\r?$", re.MULTILINE)
 _END = b"event: end"
+# The side of bench/fanout_floor.py: the same load against a process that only writes.
+FLOOR = "floor"
 # Appends in flight at once at most (each on its own keep-alive connection).
 PRODUCER_CONNECTIONS = 8
 
@@ -552,11 +558,12 @@ async def run(
     profile: Path | None = None,
     runs: int = 1,
     baseline_code: tuple[str, Path] | None = None,
+    floor: bool = True,
 ) -> dict[str, Any]:
     """Run the benchmark; returns the baseline and one row per subscriber count, side
-    (``checkout``, or the revision of ``baseline_code``: its name and a folder holding
-    its ``ductor_streams/``) and run. With a baseline, each run is a pair, the two
-    servers back to back in alternating order."""
+    (``checkout``, the revision of ``baseline_code``: its name and a folder holding
+    its ``ductor_streams/``, or ``floor``: bench/fanout_floor.py) and run. Each run
+    takes the sides back to back, in alternating order."""
     server_dsn = (
         database_url
         or os.environ.get("DUCTOR_STREAMS_DATABASE_URL")
@@ -586,6 +593,9 @@ async def run(
                 if baseline_code is not None:
                     revision, code = baseline_code
                     sides.append((revision, stack.enter_context(ServerProcess(settings, cwd=code))))
+                if floor:
+                    floor_server = ServerProcess(settings, module="bench.fanout_floor")
+                    sides.append((FLOOR, stack.enter_context(floor_server)))
                 connections = _Connections(monitor)
                 for count in subscribers:
                     for k in range(runs):
@@ -637,9 +647,10 @@ def _print_rows(rows: list[dict[str, Any]]) -> None:
         print(" ".join(f"{str(row[key])[:width]:>{width}}" for _, key, width in _COLUMNS))
 
 
-def _print_medians(rows: list[dict[str, Any]], baseline: str | None) -> None:
-    """Per subscriber count and side, the medians over runs; with a baseline, the
-    medians of the paired ratios (checkout / baseline) of p50 and p99, with their spread."""
+def _print_medians(rows: list[dict[str, Any]], baselines: list[str]) -> None:
+    """Per subscriber count and side, the medians over runs; for each of ``baselines``
+    (a revision, the floor), the medians of the paired ratios (checkout / it) of p50,
+    p99 and the CPU per write, with their spread."""
     print("medians of the runs:")
     medians = []
     for count in dict.fromkeys(r["subscribers"] for r in rows):
@@ -656,9 +667,9 @@ def _print_medians(rows: list[dict[str, Any]], baseline: str | None) -> None:
                 }
             )
     _print_rows(medians)
-    if baseline is None:
-        return
-    for count in dict.fromkeys(r["subscribers"] for r in rows):
+    for baseline, count in (
+        (b, c) for b in baselines for c in dict.fromkeys(r["subscribers"] for r in rows)
+    ):
         pairs = [
             (a, b)
             for a in rows
@@ -669,7 +680,7 @@ def _print_medians(rows: list[dict[str, Any]], baseline: str | None) -> None:
             and b["side"] == baseline
         ]
         for key in ("p50_ms", "p99_ms", "server_us_per_write"):
-            ratios = [a[key] / b[key] for a, b in pairs if b[key]]
+            ratios = [a[key] / b[key] for a, b in pairs if b[key] and b[key] == b[key]]
             if ratios:
                 print(
                     f"{count:>5} subscribers, {key}: checkout / {baseline} "
@@ -696,6 +707,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="REV",
         help="also run a server on git revision REV's code, each run a pair with this one",
     )
+    parser.add_argument(
+        "--no-floor",
+        action="store_true",
+        help="skip the fan-out floor (bench/fanout_floor.py) beside each run",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
         "--profile",
@@ -716,6 +732,7 @@ def main(argv: list[str] | None = None) -> int:
                 profile=args.profile,
                 runs=max(1, args.runs),
                 baseline_code=(args.baseline, code) if code is not None else None,
+                floor=not args.no_floor,
             )
         )
     base = result["baseline_notify"]
@@ -724,8 +741,9 @@ def main(argv: list[str] | None = None) -> int:
         f"p99 {base['p99_ms']:.3f} ms"
     )
     _print_rows(result["runs"])
-    if args.runs > 1 or args.baseline:
-        _print_medians(result["runs"], args.baseline)
+    baselines = [b for b in (args.baseline, None if args.no_floor else FLOOR) if b]
+    if args.runs > 1 or baselines:
+        _print_medians(result["runs"], baselines)
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     return 0
