@@ -2,6 +2,11 @@
 and the server by wrapping a few of their functions (bench only: nothing in
 ``ductor_streams`` knows about it), joined per record afterwards.
 
+``python -m bench.temporal_delivery --hops`` notes the input path instead (server:
+``input_appended``, a local input append's commit reaching the dispatcher; ``claim``,
+each claim's start, end and the records it leased; ``signal``, each signal's start and
+end) and ``input_hop_table`` joins them with the POSTs and Temporal's signal events.
+
 ``python -m bench.activity_streams --hops`` turns it on: the worker
 (``bench.activity_streams_worker``) and the server (``python -m bench.hops serve ...``,
 the ``ductor-streams`` command with the wrappers installed) then note, in wall time
@@ -223,6 +228,94 @@ def install_server() -> None:
     Hub._on_notify = on_notify  # type: ignore[method-assign,assignment]
     Follower._fan_out = fan_out  # type: ignore[method-assign]
     Follower.__init__ = follower_init  # type: ignore[method-assign]
+    _install_dispatcher()
+
+
+def _install_dispatcher() -> None:
+    """Wrap the input path of this process: a local input append's commit reaching the
+    dispatcher, its claims and its signals."""
+    from ductor_streams.delivery import dispatcher as dispatcher_module
+    from ductor_streams.delivery import service as service_module
+
+    Dispatcher = dispatcher_module.Dispatcher
+    Wakes = service_module._InputWakes
+    original_local = Wakes.local
+    original_claim = Dispatcher._claim
+    original_send = Dispatcher._send
+
+    def local(self: Any, ref: Any, last_sequence: int) -> None:
+        _notes["input_appended"].append((ref.stream_pk, last_sequence, time.time()))
+        original_local(self, ref, last_sequence)
+
+    async def claim(self: Any, max_streams: int) -> Any:
+        started = time.time()
+        streams = await original_claim(self, max_streams)
+        claimed = [(d.stream_pk, d.event.sequence) for s in streams for d in s.deliveries]
+        _notes["claim"].append((started, time.time(), claimed))
+        return streams
+
+    async def send(self: Any, stream: Any, delivery: Any) -> bool:
+        started = time.time()
+        sent: bool = await original_send(self, stream, delivery)
+        _notes["signal"].append((delivery.stream_pk, delivery.event.sequence, started, time.time()))
+        return sent
+
+    Wakes.local = local  # type: ignore[method-assign]
+    Dispatcher._claim = claim  # type: ignore[method-assign]
+    Dispatcher._send = send  # type: ignore[method-assign]
+
+
+INPUT_HOPS = (
+    ("POST sent -> append committed (in serve)", "sent", "committed"),
+    ("committed -> claim sent", "committed", "claim_start"),
+    ("claim statement", "claim_start", "claim_end"),
+    ("claim answered -> signal sent", "claim_end", "signal_start"),
+    ("signal sent -> Temporal recorded it", "signal_start", "recorded"),
+    ("total: POST sent -> Temporal recorded it", "sent", "recorded"),
+)
+
+
+def input_hop_table(
+    directory: Path, stream_pk: int, sent: dict[int, float], recorded: dict[int, float]
+) -> dict[str, Any]:
+    """Each input hop's p50/p99 over the records of one input stream: ``sent`` and
+    ``recorded`` are sequence -> wall time of the POST's write and of Temporal's signal
+    event; the server's notes give the rest."""
+    _, server = load(directory)
+    per: dict[int, dict[str, float]] = {
+        seq: {"sent": at, "recorded": recorded[seq]} for seq, at in sent.items() if seq in recorded
+    }
+    commits = sorted(
+        (at, last) for pk, last, at in server.get("input_appended", []) if pk == stream_pk
+    )
+    for seq, times in per.items():
+        for at, last in commits:
+            if last >= seq and at >= times["sent"]:
+                times["committed"] = at
+                break
+    for start, end, claimed in sorted(server.get("claim", [])):
+        for pk, seq in claimed:
+            if pk == stream_pk and seq in per and "claim_start" not in per[seq]:
+                per[seq]["claim_start"], per[seq]["claim_end"] = start, end
+    for pk, seq, start, _end in sorted(server.get("signal", []), key=lambda n: n[2]):
+        if pk == stream_pk and seq in per and "signal_start" not in per[seq]:
+            per[seq]["signal_start"] = start
+    table: dict[str, Any] = {
+        label: _percentiles(
+            [(t[end] - t[start]) * 1000 for t in per.values() if start in t and end in t]
+        )
+        for label, start, end in INPUT_HOPS
+    }
+    table["records"] = len(per)
+    return table
+
+
+def print_input_hops(table: dict[str, Any]) -> None:
+    print(f"{'hop':<52}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}")
+    for label, _, _ in INPUT_HOPS:
+        row = table[label]
+        print(f"{label:<52}{row.get('p50_ms', '-'):>10}{row.get('p99_ms', '-'):>10}{row['n']:>8}")
+    print(f"records: {table['records']}")
 
 
 # -- the join --------------------------------------------------------------------------------

@@ -2,7 +2,8 @@
 Temporal signal baseline measured in the same run.
 
     python -m bench.temporal_delivery [--latency-samples 200] [--streams 8]
-                                      [--per-stream 250] [--database-url postgresql://...]
+                                      [--per-stream 250] [--hops]
+                                      [--database-url postgresql://...]
 
 1. Latency: one record at a time is appended over HTTP to a real ``serve`` subprocess
    (with its dispatcher, woken by the LISTEN hub) for a ``SinkWorkflow`` that consumes it
@@ -10,6 +11,9 @@ Temporal signal baseline measured in the same run.
    Temporal recorded the ``ductor_streams.input`` signal in the workflow's history (the
    event time of WorkflowExecutionSignaled; same host clock). Baseline: the same measure
    for a bare ``client.signal()`` to a workflow. p50/p99/max in ms.
+   ``--hops`` runs that server with bench/hops.py's wrappers and prints each hop's
+   p50/p99 per record: the POST's write -> its commit reaching the dispatcher -> the
+   claim sent -> answered -> the signal sent -> Temporal's signal event.
 2. Throughput: ``--streams`` workflows, a backlog of ``--per-stream`` input records each,
    appended once 1 (then 2) ``ductor-streams workers`` processes run; deliveries/s = all
    records / time until every delivery row is ``delivered``. Baseline: bare signals/s from
@@ -28,6 +32,7 @@ import asyncio
 import json
 import os
 import secrets
+import signal
 import statistics
 import sys
 import tempfile
@@ -36,6 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client, WorkflowHandle
@@ -43,6 +49,8 @@ from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
 from bench.environment import HTTP_LIMITS
+from bench.hops import ENV as HOPS_ENV
+from bench.hops import input_hop_table, print_input_hops
 from bench.sse_latency import Producer
 from bench.temporal_workflows import CountWorkflow, SinkWorkflow
 from ductor_streams import temporal_connection
@@ -92,7 +100,7 @@ async def signal_times(handle: WorkflowHandle[Any, Any]) -> dict[int, float]:
 
 
 async def latency(
-    client: Client, settings: Settings, samples: int, workdir: Path
+    client: Client, settings: Settings, samples: int, workdir: Path, hops: bool = False
 ) -> dict[str, Any]:
     run_id = f"lat-{uuid.uuid4().hex[:8]}"
     token = issue_token(
@@ -103,7 +111,15 @@ async def latency(
         runs=[run_id],
         ttl_seconds=3600,
     )
-    with ServerProcess(settings, workers=True, log_path=workdir / "serve.log") as server:
+    hops_dir = workdir / "hops"
+    hops_dir.mkdir(exist_ok=True)
+    with ServerProcess(
+        settings,
+        workers=True,
+        log_path=workdir / "serve.log",
+        module="bench.hops" if hops else "ductor_streams.cli",
+        extra_env={HOPS_ENV: str(hops_dir)} if hops else {},
+    ) as server:
         handle = await client.start_workflow(SinkWorkflow.run, id=run_id, task_queue=TASK_QUEUE)
         path = f"{API}/runs/{run_id}/streams/input/records"
         sent: dict[int, float] = {}
@@ -129,11 +145,17 @@ async def latency(
                     await asyncio.sleep(0.01)
             finally:
                 producer.close()
-            hops = hop_means(before, await server_figures(http))
+            means = hop_means(before, await server_figures(http))
             await http.post(path, json={"records": [{"payload": {"done": True}}]})
         assert await handle.result() == samples
+        if hops:
+            await _dump_notes(server, hops_dir)
     recorded = await signal_times(handle)
     ours = percentiles([(recorded[s] - t) * 1000 for s, t in sent.items()])
+    hop_rows = None
+    if hops:
+        stream_pk = await _stream_pk(settings.database_url or "", run_id)
+        hop_rows = input_hop_table(hops_dir, stream_pk, sent, recorded)
 
     # Baseline: a bare signal to a workflow, the same measure.
     base_id = f"base-{uuid.uuid4().hex[:8]}"
@@ -151,9 +173,45 @@ async def latency(
     return {
         "http_append_to_workflow": ours,
         "of_which_http_append_answered": percentiles(answered),
-        "server_hops_mean_ms": hops,
+        "server_hops_mean_ms": means,
+        **({"hops": hop_rows} if hop_rows is not None else {}),
         "bare_signal_baseline": baseline,
     }
+
+
+async def _dump_notes(server: ServerProcess, directory: Path) -> None:
+    """Have the server write its hop notes (bench/hops.py) and wait for them."""
+    await asyncio.to_thread(_clear_notes, directory)
+    assert server.process is not None
+    os.kill(server.process.pid, signal.SIGUSR1)
+    deadline = time.monotonic() + 30
+    while not await asyncio.to_thread(_notes_written, directory):
+        if time.monotonic() > deadline:
+            raise TimeoutError("the server wrote no hop notes")
+        await asyncio.sleep(0.1)
+    await asyncio.sleep(0.3)  # let it be written whole
+
+
+def _clear_notes(directory: Path) -> None:
+    for path in directory.glob("*.json"):
+        path.unlink()
+
+
+def _notes_written(directory: Path) -> bool:
+    return any(directory.glob("server-*.json"))
+
+
+async def _stream_pk(dsn: str, run_id: str) -> int:
+    conn = await asyncpg.connect(dsn)
+    try:
+        pk = await conn.fetchval(
+            "SELECT stream_pk FROM workflow_streams.streams"
+            " WHERE run_id = $1 AND stream_id = 'input'",
+            run_id,
+        )
+    finally:
+        await conn.close()
+    return int(pk)
 
 
 # The server's own figures (its /metrics) for the hops of one input record: what a mean
@@ -307,7 +365,9 @@ async def _run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
         async with Worker(client, task_queue=TASK_QUEUE, workflows=[SinkWorkflow, CountWorkflow]):
             result: dict[str, Any] = {
                 "note": "taken on the machine as it is; see the docstring for what is measured",
-                "latency": await latency(client, settings, args.latency_samples, workdir),
+                "latency": await latency(
+                    client, settings, args.latency_samples, workdir, hops=args.hops
+                ),
                 "throughput": [
                     await throughput(
                         client, settings, store, n, args.streams, args.per_stream, workdir
@@ -331,6 +391,12 @@ def main(argv: list[str] | None = None) -> int:
         default=os.environ.get("DUCTOR_STREAMS_DATABASE_URL")
         or os.environ.get("DUCTOR_STREAMS_TEST_DATABASE_URL"),
     )
+    parser.add_argument(
+        "--hops",
+        action="store_true",
+        help="note timestamps in the server and print where an input record's time goes "
+        "in the latency run (bench/hops.py)",
+    )
     args = parser.parse_args(argv)
     if not args.database_url:
         print("bench.temporal_delivery: give --database-url (a Postgres server)", file=sys.stderr)
@@ -342,6 +408,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         drop_database(args.database_url, name)
     print(json.dumps(result, indent=2))
+    if args.hops:
+        print("\nwhere an input record's time goes (latency run, bench/hops.py)")
+        print_input_hops(result["latency"]["hops"])
+        base = result["latency"]["bare_signal_baseline"]
+        print(f"bare signal -> Temporal recorded it: p50 {base['p50_ms']} / p99 {base['p99_ms']}")
     sys.stdout.flush()
     # temporalio's core may crash the interpreter at exit (sdk-python#300): keep rc 0.
     os._exit(0)
