@@ -311,11 +311,7 @@ def input_hop_table(
 
 
 def print_input_hops(table: dict[str, Any]) -> None:
-    print(f"{'hop':<52}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}")
-    for label, _, _ in INPUT_HOPS:
-        row = table[label]
-        print(f"{label:<52}{row.get('p50_ms', '-'):>10}{row.get('p99_ms', '-'):>10}{row['n']:>8}")
-    print(f"records: {table['records']}")
+    _print_table(table, INPUT_HOPS, ("records",))
 
 
 # -- the join --------------------------------------------------------------------------------
@@ -440,16 +436,27 @@ def hop_table(
 
 
 def print_hops(table: dict[str, Any]) -> None:
+    _print_table(
+        table,
+        HOPS,
+        (
+            "records",
+            "records_read_by_serve",
+            "records_fed_without_read",
+            "records_with_inline_notify",
+        ),
+    )
+
+
+def _print_table(
+    table: dict[str, Any], hops: tuple[tuple[str, str, str], ...], counts: tuple[str, ...]
+) -> None:
+    """Each hop's p50/p99 and count, then the named counts."""
     print(f"{'hop':<52}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}")
-    for label, _, _ in HOPS:
+    for label, _, _ in hops:
         row = table[label]
         print(f"{label:<52}{row.get('p50_ms', '-'):>10}{row.get('p99_ms', '-'):>10}{row['n']:>8}")
-    for key in (
-        "records",
-        "records_read_by_serve",
-        "records_fed_without_read",
-        "records_with_inline_notify",
-    ):
+    for key in counts:
         print(f"{key}: {table[key]}")
 
 
