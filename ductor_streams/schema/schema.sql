@@ -453,8 +453,20 @@ BEGIN
         -- registered before this transaction took the lock is in it. The wake carries
         -- the stream's latest sequence at this commit (the header above).
         IF p_notify AND (s.direction = 'input' OR s.watched_until > now()) THEN
-            PERFORM pg_notify('workflow_streams',
-                              'r' || p_stream_pk::text || ':' || s.latest_sequence::text);
+            IF s.latest_sequence - v_latest_before = coalesce(array_length(p_sizes, 1), 0) THEN
+                -- Every record of the call was appended (the usual case).
+                PERFORM pg_notify('workflow_streams', workflow_streams.records_wake(
+                    p_stream_pk, v_latest_before + 1, p_payloads, p_sizes, p_objects));
+            ELSE
+                PERFORM pg_notify('workflow_streams', workflow_streams.records_wake(
+                    p_stream_pk, v_latest_before + 1,
+                    ARRAY(SELECT r.payload FROM unnest(p_payloads, v_seq) AS r(payload, seq)
+                           WHERE r.seq IS NOT NULL ORDER BY r.seq),
+                    ARRAY(SELECT r.size FROM unnest(p_sizes, v_seq) AS r(size, seq)
+                           WHERE r.seq IS NOT NULL ORDER BY r.seq),
+                    ARRAY(SELECT r.object FROM unnest(p_objects, v_seq) AS r(object, seq)
+                           WHERE r.seq IS NOT NULL ORDER BY r.seq)));
+            END IF;
         END IF;
     END IF;
 END;
@@ -622,10 +634,13 @@ BEGIN
                 RETURN NEXT;
             END LOOP;
             v_inputs := v_inputs OR v_direction = 'input';
-            -- The wake as append_requests sends it (0011, 0012).
+            -- The wake as append_requests sends it (0011, 0012, 0035).
             IF p_notify AND (v_direction = 'input' OR v_watched_until > now()) THEN
-                PERFORM pg_notify('workflow_streams',
-                                  'r' || v_stream_pk::text || ':' || v_latest::text);
+                PERFORM pg_notify('workflow_streams', workflow_streams.records_wake(
+                    v_stream_pk, v_latest - v_nrec + 1,
+                    p_payloads[v_rec + 1 : v_rec + v_nrec],
+                    p_sizes[v_rec + 1 : v_rec + v_nrec],
+                    p_objects[v_rec + 1 : v_rec + v_nrec]));
             END IF;
         END IF;
         v_req := v_req + v_nreq;
@@ -816,6 +831,48 @@ BEGIN
     END IF;
     outcome := 'appended';
     RETURN NEXT;
+END;
+$function$;
+
+CREATE OR REPLACE FUNCTION workflow_streams.records_wake(p_stream_pk bigint, p_first bigint, p_payloads text[], p_sizes integer[], p_objects jsonb[])
+ RETURNS text
+ LANGUAGE plpgsql
+ STABLE
+AS $function$
+DECLARE
+    v_count  integer := coalesce(array_length(p_payloads, 1), 0);
+    v_last   bigint := p_first + v_count - 1;
+    v_size   bigint := v_count + 64;
+    v_joined text;
+    v_wake   text;
+    k        integer;
+BEGIN
+    -- Each record takes at least two bytes (one of JSON and its separator): a cheap
+    -- bound before the loop, so that a large group costs nothing here.
+    IF v_count = 0 OR 2 * v_count + 64 > 7900
+       OR (p_objects IS NOT NULL AND cardinality(array_remove(p_objects, NULL)) > 0) THEN
+        RETURN 'r' || p_stream_pk::text || ':' || v_last::text;
+    END IF;
+    FOR k IN 1 .. v_count LOOP
+        v_size := v_size + p_sizes[k];
+        IF v_size > 7900 THEN
+            RETURN 'r' || p_stream_pk::text || ':' || v_last::text;
+        END IF;
+    END LOOP;
+    v_joined := array_to_string(p_payloads, E'\x1e');
+    IF length(v_joined) - length(replace(v_joined, E'\x1e', '')) <> v_count - 1 THEN
+        RETURN 'r' || p_stream_pk::text || ':' || v_last::text;
+    END IF;
+    -- Epoch microseconds of now(), exact whatever type extract returns (double
+    -- precision before Postgres 14): whole seconds, then the microseconds of the minute.
+    v_wake := 'R' || p_stream_pk::text || ':' || v_last::text || ':' || p_first::text || ':'
+              || (extract(epoch FROM date_trunc('second', now()))::bigint * 1000000
+                  + extract(microseconds FROM now())::bigint % 1000000)::text
+              || ':' || v_joined;
+    IF octet_length(v_wake) > 7900 THEN
+        RETURN 'r' || p_stream_pk::text || ':' || v_last::text;
+    END IF;
+    RETURN v_wake;
 END;
 $function$;
 

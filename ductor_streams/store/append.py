@@ -20,7 +20,7 @@ once it has committed, its streams' wakes are announced through ``WakeSender``
 (store/wakes.py), coalesced, each carrying its records when they are few and small
 (live/record_wakes.py: followers elsewhere then fan them out without a read). A
 statement alone in flight notifies inside its own transaction, at commit (one round
-trip, no wake statement).
+trip, no wake statement), with the same payload built in SQL (migration 0035).
 
 Statements run on one connection kept while they follow each other (store/held.py),
 not a pool acquire and release each. A statement is sent from the turn of the event

@@ -51,7 +51,12 @@ async def hub(database_url):
         await hub.close()
 
 
-async def test_one_read_per_wake_fanned_out_to_50_subscribers(store, pool, hub, tenant):
+# A payload too large for a wake to carry (live/record_wakes.py MAX_PAYLOAD_BYTES).
+LARGE = "x" * 8_000
+
+
+@pytest.mark.parametrize("payload", ["small", "large"])
+async def test_one_read_per_wake_fanned_out_to_50_subscribers(store, pool, hub, tenant, payload):
     ref = await new_stream(store, tenant)
     await add(store, ref, ["a", "b"])
     followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
@@ -60,14 +65,20 @@ async def test_one_read_per_wake_fanned_out_to_50_subscribers(store, pool, hub, 
     follower = followers.follower(ref.stream_pk)
     assert follower is not None and follower.subscriber_count == 50
     for latest in range(3, 23):
-        assert await add(store, ref, [latest]) == latest
+        record = latest if payload == "small" else f"{LARGE}{latest}"
+        assert await add(store, ref, [record]) == latest
         await asyncio.gather(
             *(drain(s, got, latest) for s, got in zip(subs, received, strict=True))
         )
     for got in received:
         assert got == list(range(1, 23))
-    # 20 appends, 20 wakes: about 20 follower reads in all, not 20 x 50.
-    assert 1 <= follower.reads <= 25, follower.reads
+    if payload == "small":
+        # Each append's own wake carried its record (migration 0035): no read at all.
+        assert (follower.reads, follower.fed_batches) == (0, 20)
+    else:
+        # 20 appends, 20 plain wakes: about 20 follower reads in all, not 20 x 50.
+        assert 1 <= follower.reads <= 25, follower.reads
+        assert follower.fed_batches == 0
     assert {s.postgres_reads for s in subs} == {1}  # each read Postgres once: its backfill
     assert {s.gaps for s in subs} == {0} and {s.overflows for s in subs} == {0}
     for s in subs:

@@ -65,6 +65,68 @@ def test_malformed_record_wakes_carry_no_records(payload: str) -> None:
     assert parse_record_wake(payload) is None
 
 
+# Migration 0035: the wake an append statement sends at its own commit, built in SQL.
+SQL_WAKE = (
+    "SELECT workflow_streams.records_wake($1, $2, $3::text[], $4::integer[], $5::jsonb[])"
+    " AS wake, now() AS at"
+)
+OBJECT = '{"object_id": "o-1"}'
+
+
+def _sql_case(case: str) -> tuple[list[str], list[str | None]]:
+    """Payloads and objects (jsonb text or None) of one case."""
+    if case == "corners":
+        payloads = ['{"token":"h\u00e9llo:"}', "null", '"a\\u001eb"', "[1,2]", '"é€𝄞"']
+    elif case == "one":
+        payloads = ["1"]
+    elif case in ("at_the_limit", "over_the_limit"):
+        # record_wake's estimate: the sizes, one byte a record and 64 bytes of head.
+        size = MAX_PAYLOAD_BYTES - 2 - 64 + (case == "over_the_limit")
+        payloads = ['"' + "x" * (size - 2 - 1) + '"', "1"]
+    elif case == "many":
+        payloads = ["1"] * 3_900
+    elif case == "too_many":
+        payloads = ["1"] * 4_000
+    elif case == "separator":
+        payloads = ['"a\x1eb"', "2"]
+    else:
+        assert case == "object"
+        return ["1", "2"], [None, OBJECT]
+    return payloads, [None] * len(payloads)
+
+
+@pytest.mark.parametrize(
+    ("case", "carries"),
+    [
+        ("corners", True),
+        ("one", True),
+        ("at_the_limit", True),
+        ("many", True),
+        ("over_the_limit", False),
+        ("too_many", False),
+        ("separator", False),
+        ("object", False),
+    ],
+)
+async def test_the_commit_wake_is_the_one_record_wake_builds(
+    pool: asyncpg.Pool, case: str, carries: bool
+) -> None:
+    payloads, objects = _sql_case(case)
+    sizes = [len(p.encode()) for p in payloads]
+    async with pool.acquire() as conn, conn.transaction():
+        row = await conn.fetchrow(SQL_WAKE, 7, 41, payloads, sizes, objects)
+    at: datetime = row["at"]  # the transaction's now(): its records' appended_at
+    sent = [
+        Record(41 + i, p, size, at, None if o is None else {"object_id": "o-1"})
+        for i, (p, size, o) in enumerate(zip(payloads, sizes, objects, strict=True))
+    ]
+    last = 41 + len(payloads) - 1
+    assert row["wake"] == (record_wake(7, sent) or f"r7:{last}")
+    assert row["wake"].startswith("R7:") is carries
+    if carries:
+        assert parse_record_wake(row["wake"]) == (7, last, sent)
+
+
 async def test_another_process_records_arrive_from_the_wake_without_a_read(
     pool: asyncpg.Pool, database_url: str, tenant: str
 ) -> None:
@@ -111,12 +173,19 @@ async def test_another_process_records_arrive_from_the_wake_without_a_read(
         assert follower.reads == 0 and follower.fed_batches == 1
         page = await read_page(pool, ref.stream_pk, 0, 100)
         assert delivered == page.records
-        # A plain wake still reads: an append alone in flight notifies inline.
+        # An append alone in flight notifies inside its own transaction, and that wake
+        # carries its record too (migration 0035): still no read.
         await add(writer, ref, ["alone"])
         item = await sub.next(5.0)
         assert isinstance(item, list)
         assert [r.sequence for batch in item for r in batch.records] == [66]
-        assert follower.reads == 1
+        assert follower.reads == 0 and follower.fed_batches == 2
+        # A plain wake still reads: a record too large to go in one.
+        await add(writer, ref, ["x" * MAX_PAYLOAD_BYTES])
+        item = await sub.next(5.0)
+        assert isinstance(item, list)
+        assert [r.sequence for batch in item for r in batch.records] == [67]
+        assert follower.reads == 1 and follower.fed_batches == 2
     finally:
         followers.release(ref.stream_pk, sub)
         await followers.close()

@@ -168,11 +168,13 @@ async def test_retention_overtaking_a_subscriber_sends_error_then_ends(
         await eventually(lambda: got.sequences == [1, 2, 3, 4, 5], what="the backfill")
         pk = await stream_pk(pool, tenant, run_id, "out")
         # In ONE transaction: 6..10 are appended and 6..8 pruned before anyone could see
-        # them, so the subscriber (at 5) is overtaken by retention.
+        # them, so the subscriber (at 5) is overtaken by retention. The append's own wake
+        # would carry 6..10 (migration 0035), records this transaction then removes: it
+        # asks for none (p_notify false) and announces the commit with a plain wake.
         async with pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(
                 "SELECT * FROM workflow_streams.append_requests($1, $2::integer[], $3::text[],"
-                " $4::text[], $5::text[], $6::integer[], $7::jsonb[])",
+                " $4::text[], $5::text[], $6::integer[], $7::jsonb[], false, NULL)",
                 pk,
                 [5],
                 [None],
@@ -189,6 +191,7 @@ async def test_retention_overtaking_a_subscriber_sends_error_then_ends(
                 "UPDATE workflow_streams.streams SET earliest_sequence = 9 WHERE stream_pk = $1",
                 pk,
             )
+            await conn.execute("SELECT pg_notify('workflow_streams', $1)", f"r{pk}:10")
         done = await asyncio.wait_for(task, 30)  # the response ended after the error
     assert done.sequences == [1, 2, 3, 4, 5]
     assert done.error is not None and done.end is None

@@ -17,7 +17,7 @@ import pytest
 
 from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.followers import Followers
-from ductor_streams.live.hub import NotificationHub
+from ductor_streams.live.hub import NotificationHub, parse_wake
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.append import statement_arguments
@@ -38,9 +38,14 @@ class Wakes:
         self.arrived.set()
 
     def announced(self, ref: StreamRef) -> list[int]:
-        """The latest sequence of each record wake of the stream (``r<pk>:<seq>``)."""
-        prefix = f"r{ref.stream_pk}:"
-        return [int(p[len(prefix) :]) for p in self.payloads if p.startswith(prefix)]
+        """The latest sequence of each record wake of the stream (``r<pk>:<seq>``, or
+        ``R<pk>:<seq>:...`` carrying its records: migration 0035)."""
+        found = []
+        for payload in self.payloads:
+            wake = parse_wake(payload) if payload[:1] in ("r", "R") else None
+            if wake is not None and wake[0] == ref.stream_pk and wake[1] is not None:
+                found.append(wake[1])
+        return found
 
     def of(self, ref: StreamRef) -> int:
         """Record wakes of the stream, with or without a sequence."""

@@ -15,6 +15,7 @@ import asyncpg
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import EncodedBatch, Store, StreamRef, encode_batch
 from ductor_streams.store.append import statement_arguments
+from tests.support.commit_wakes import commit_wake
 from tests.support.credit import make_stream
 from tests.support.live import eventually
 
@@ -320,6 +321,16 @@ def _cases() -> list[Case]:
         Case([batch("t1", key="t"), batch("t2", key="t")], whole=False),
         Case([batch("late")], whole=False, closed=True),
         Case([batch("o1", "o2", obj={"object_id": "o-9"}), batch("o3")], whole=True),
+        # Watched, so each sends a wake at commit: one with an object (a plain wake), and
+        # one decided request by request with its last request refused (the wake carries
+        # only what was appended).
+        Case([batch("o1", "o2", obj={"object_id": "o-8"}), batch("o3")], whole=True, watched=True),
+        Case(
+            [batch("a"), batch("b", "c"), batch("d")],
+            whole=False,
+            ceilings=(("max_total_items", 5),),
+            watched=True,
+        ),
     ]
 
 
@@ -401,8 +412,10 @@ async def test_stream_groups_answer_and_store_as_each_group_alone(
                 await append_group(pool, ref, c.group, notify=True)
                 for ref, c in zip(alone, cases, strict=True)
             ]
+            # Each carries the records its call appended (after the two put in first),
+            # or only the latest sequence when they do not fit a wake (migration 0035).
             expected_wakes = {
-                f"r{ref.stream_pk}:{(await counters(pool, ref))[0]}"
+                await commit_wake(pool, ref.stream_pk, 3, (await counters(pool, ref))[0])
                 for ref, case in zip(combined + alone, cases + cases, strict=True)
                 if case.direction == "input" or case.watched
             }

@@ -20,6 +20,7 @@ from ductor_streams.store import Store
 from ductor_streams.store.append import PARALLEL_RECORDS, Appender
 from ductor_streams.store.models import StreamRef
 from ductor_streams.store.wakes import WakeSender
+from tests.support.commit_wakes import commit_wake
 from tests.support.credit import append, make_stream
 
 
@@ -90,7 +91,7 @@ async def test_the_wake_follows_the_commit(store: Store, listener: Listener) -> 
     ref = await watched_stream(store)
     for n in range(1, 6):
         await append(store, ref, [n])
-        await listener.wait_for(f"r{ref.stream_pk}:{n}")
+        await listener.wait_for(await commit_wake(store.pool, ref.stream_pk, n, n))
         # Whenever the wake arrived, what it announces was already visible.
         assert listener.visible_at_wake[-1] == (ref.stream_pk, n)
         listener.payloads.clear()
@@ -142,7 +143,7 @@ async def test_the_seven_argument_form_still_notifies_at_commit(
         QUERIES["records_append"], ref.stream_pk, [1], [None], ["h"], ["1"], [1], [None]
     )
     assert rows[0]["outcome"] == "appended"
-    await listener.wait_for(f"r{ref.stream_pk}:1")
+    await listener.wait_for(await commit_wake(pool, ref.stream_pk, 1, 1))
 
 
 class FakePool:
@@ -248,7 +249,10 @@ async def test_a_lone_append_notifies_in_its_own_transaction(
     ref = await watched_stream(store)
     for n in range(1, 4):
         await append(store, ref, [n])
-        await listener.wait_for(f"r{ref.stream_pk}:{n}")
+        # It carries the record it announces (migration 0035).
+        wake = await commit_wake(pool, ref.stream_pk, n, n)
+        assert wake.startswith(f"R{ref.stream_pk}:{n}:{n}:")
+        await listener.wait_for(wake)
         assert listener.visible_at_wake[-1] == (ref.stream_pk, n)
         listener.payloads.clear()
     # Each wake came with its commit: no wake statement of its own.
