@@ -178,8 +178,10 @@ async def test_another_process_records_arrive_from_the_wake_without_a_read(
         await add(writer, ref, ["alone"])
         item = await sub.next(5.0)
         assert isinstance(item, list)
-        assert [r.sequence for batch in item for r in batch.records] == [66]
+        alone = [r for batch in item for r in batch.records]
+        assert [r.sequence for r in alone] == [66]
         assert follower.reads == 0 and follower.fed_batches == 2
+        assert alone == (await read_page(pool, ref.stream_pk, 65, 1)).records  # exactly
         # A plain wake still reads: a record too large to go in one.
         await add(writer, ref, ["x" * MAX_PAYLOAD_BYTES])
         item = await sub.next(5.0)
