@@ -112,7 +112,10 @@ async def test_failed_attempt_backs_off_and_blocks_later_records(
     ref = await input_stream(store, tenant, "run-retry")
     await append_inputs(store, ref, [1, 2, 3])
     wait = RecordingWaitService(fail={("run-retry", 1): 2})
-    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="solo", config=FAST)
+    # A backoff of at least 0.25 s (FAST's 25-50 ms was shorter than the two claims
+    # below take on a busy machine, and the second one then found the row due).
+    backoff = dataclasses.replace(FAST, base_delay=0.5, max_delay=0.5)
+    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="solo", config=backoff)
     assert await dispatcher.run_once() == 3  # claimed all three, first one failed
     rows = await deliveries(pool, ref)
     assert [(r["state"], r["attempts"], r["lease_owner"]) for r in rows] == [
