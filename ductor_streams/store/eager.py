@@ -12,11 +12,16 @@ project cannot rely on: it supports 3.11).
 The rest runs as a task would run it: a future the coroutine waits for hands it its
 result or error, and cancelling the returned task raises ``CancelledError`` inside the
 coroutine at the await it is suspended in (cancelling what it waits for, if pending).
+Like a task, the coroutine runs in a copy of the caller's context, the same copy from
+its first step to its last: a context variable it sets is not seen by the caller, and
+one it sets in its first step and resets later (a tracing span made current, say) is
+reset in the context it was set in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Coroutine
 from typing import Any
 
@@ -24,8 +29,9 @@ from typing import Any
 def start_now(coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
     """Run ``coro`` until it first waits, then in a task; the future ends with it."""
     loop = asyncio.get_running_loop()
+    context = contextvars.copy_context()
     try:
-        awaited = coro.send(None)
+        awaited = context.run(coro.send, None)
     except StopIteration:
         done: asyncio.Future[None] = loop.create_future()
         done.set_result(None)
@@ -34,7 +40,7 @@ def start_now(coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         failed: asyncio.Future[None] = loop.create_future()
         failed.set_exception(exc)
         return failed
-    return loop.create_task(_finish(coro, awaited))
+    return loop.create_task(_finish(coro, awaited), context=context)
 
 
 async def _finish(coro: Coroutine[Any, Any, None], awaited: Any) -> None:

@@ -5,6 +5,7 @@ statement from the submitting request's turn of the loop."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 from collections.abc import Callable
 
 import pytest
@@ -70,6 +71,31 @@ async def test_a_coroutine_that_never_waits_gives_a_done_future() -> None:
     assert failed.done()
     with pytest.raises(RuntimeError, match="at once"):
         await failed
+
+
+CURRENT: contextvars.ContextVar[str] = contextvars.ContextVar("current", default="caller's")
+
+
+async def test_it_runs_in_one_copy_of_the_callers_context_from_first_step_to_last() -> None:
+    loop = asyncio.get_running_loop()
+    gate: asyncio.Future[None] = loop.create_future()
+    seen: list[str] = []
+
+    async def job() -> None:
+        seen.append(CURRENT.get())  # the caller's value, copied
+        token = CURRENT.set("job's")  # a span made current in the first step...
+        await gate
+        seen.append(CURRENT.get())  # ...is still current after the wait...
+        CURRENT.reset(token)  # ...and resets in the context it was set in
+        seen.append(CURRENT.get())
+
+    CURRENT.set("at start")
+    task = start_now(job())
+    assert CURRENT.get() == "at start"  # what the first step set stays in its copy
+    gate.set_result(None)
+    await task  # a reset in another context would raise ValueError here
+    assert seen == ["at start", "job's", "at start"]
+    assert CURRENT.get() == "at start"
 
 
 async def test_cancelling_while_it_waits_cancels_the_awaited_future_inside_the_coroutine() -> None:
