@@ -21,6 +21,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+# The wakes that may make a delivery due: a record wake (``r``, ``R``: an append, an
+# operator's retry) and a dispatcher giving leases back (``d0``). An ack (``a``) or a
+# close (``c``) makes nothing due: with the workflow helper acking as it goes idle, a
+# claim on those would be one empty claim per input record.
+DUE_WAKES = "rRd"
+
 
 class _InputWakes:
     """Turns the hub's wakes into dispatcher wakes, for input streams only (an output
@@ -117,7 +123,7 @@ async def dispatcher_service(runtime: Runtime) -> AsyncIterator[None]:
     )
     hub = getattr(store, "hub", None)
     wakes = _InputWakes(store.pool, dispatcher, settings.tenant)
-    undo = hub.subscribe_any(wakes) if hub is not None else None
+    undo = hub.subscribe_any(wakes, kinds=DUE_WAKES) if hub is not None else None
     store.input_appended = wakes.local
     task = asyncio.get_running_loop().create_task(dispatcher.run(), name="input-dispatcher")
     log.info("input dispatcher started", extra={"owner": dispatcher.owner})

@@ -58,7 +58,8 @@ class NotificationHub:
         self._max_reconnect_delay = max_reconnect_delay
         self._conn: asyncpg.Connection | None = None
         self._watchers: dict[int, set[StreamWakeCallback]] = {}
-        self._any_watchers: set[StreamWakeCallback] = set()
+        # callback -> the wake kinds it is called for (None: every kind).
+        self._any_watchers: dict[StreamWakeCallback, frozenset[str] | None] = {}
         self._record_watchers: dict[int, set[RecordsCallback]] = {}
         self._reconnect_task: asyncio.Task[None] | None = None
         self._closed = False
@@ -126,12 +127,19 @@ class NotificationHub:
 
         return unsubscribe
 
-    def subscribe_any(self, callback: StreamWakeCallback) -> Callable[[], None]:
-        """Call ``callback(stream_pk, latest)`` on every wake of every stream, and
+    def subscribe_any(
+        self, callback: StreamWakeCallback, *, kinds: str | None = None
+    ) -> Callable[[], None]:
+        """Call ``callback(stream_pk, latest)`` on every wake of every stream (only on
+        wakes of the ``kinds`` given, e.g. ``"rRd"``, when given), and
         ``callback(0, None)`` after a reconnect (anything may have happened); returns the
         undo."""
-        self._any_watchers.add(callback)
-        return lambda: self._any_watchers.discard(callback)
+        self._any_watchers[callback] = frozenset(kinds) if kinds is not None else None
+
+        def unsubscribe() -> None:
+            self._any_watchers.pop(callback, None)
+
+        return unsubscribe
 
     @contextlib.contextmanager
     def watch(self, stream_pk: int) -> Iterator[asyncio.Event]:
@@ -147,14 +155,16 @@ class NotificationHub:
         finally:
             undo()
 
-    def _wake(self, stream_pk: int, latest: int | None = None) -> None:
+    def _wake(self, stream_pk: int, latest: int | None = None, kind: str = "") -> None:
         # A broken watcher must not starve the others.
         for callback in list(self._watchers.get(stream_pk, ())):
             try:
                 callback(stream_pk, latest)
             except Exception:
                 log.exception("wake callback failed", extra={"stream_pk": stream_pk})
-        for any_callback in list(self._any_watchers):
+        for any_callback, kinds in list(self._any_watchers.items()):
+            if kinds is not None and kind not in kinds:
+                continue
             try:
                 any_callback(stream_pk, latest)
             except Exception:
@@ -178,7 +188,7 @@ class NotificationHub:
                         callback(parsed[2])
                     except Exception:
                         log.exception("records callback failed", extra={"stream_pk": wake[0]})
-        self._wake(*wake)
+        self._wake(*wake, payload[:1])
 
     def _on_terminated(self, conn: object) -> None:
         if conn is not self._conn:

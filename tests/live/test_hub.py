@@ -53,3 +53,32 @@ async def test_watchers_get_the_announced_sequence(database_url: str, pool: asyn
         undo()
         undo_any()
         await hub.close()
+
+
+async def test_a_watcher_of_some_kinds_hears_only_those_and_every_reconnect(
+    database_url: str, pool: asyncpg.Pool
+) -> None:
+    hub = NotificationHub(database_url)
+    await hub.start()
+    due: list[tuple[int, int | None]] = []
+    every: list[int] = []
+    undo_due = hub.subscribe_any(lambda pk, latest: due.append((pk, latest)), kinds="rRd")
+    undo_every = hub.subscribe_any(lambda pk, _latest: every.append(pk))
+    try:
+        payloads = ["a9000003", "r9000003:2", "c9000003", "R9000003:3:[]", "a9000003:3", "d0"]
+        for payload in [*payloads, "r9000004"]:
+            await pool.execute("SELECT pg_notify('workflow_streams', $1)", payload)
+        await eventually(lambda: 9_000_004 in every, what="the last wake")
+        assert due == [(9_000_003, 2), (9_000_003, 3), (0, None), (9_000_004, None)]
+        assert every == [9_000_003] * 5 + [0, 9_000_004]
+        due.clear()
+        pid = hub.backend_pid
+        assert await pool.fetchval("SELECT pg_terminate_backend($1)", pid)
+        # Anything may have happened while nobody listened: every watcher hears (0, None).
+        await eventually(lambda: hub.reconnects == 1 and hub.connected, what="the reconnect")
+        await eventually(lambda: due == [(0, None)], what="the reconnect's wake")
+        assert every[-1] == 0
+    finally:
+        undo_due()
+        undo_every()
+        await hub.close()

@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncpg
 
-from ductor_streams.delivery.service import _InputWakes
+from ductor_streams.delivery.service import DUE_WAKES, _InputWakes
+from ductor_streams.live.hub import NotificationHub
 from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.models import StreamRef
 from tests.support.credit import make_stream
+from tests.support.live import eventually
 
 
 class _Dispatcher:
@@ -95,3 +97,28 @@ async def test_the_listen_echo_of_a_local_append_wakes_nobody(pool: asyncpg.Pool
     assert dispatcher.wakes == 6
     wakes.local(ref, 8)
     assert dispatcher.wakes == 7
+
+
+async def test_an_ack_or_a_close_of_an_input_stream_sets_off_no_claim(
+    pool: asyncpg.Pool, hub: NotificationHub
+) -> None:
+    # The workflow helper acks as it goes idle, about once per input record: a claim on
+    # each ack would find nothing due, and cost a claim per record.
+    store = Store(pool)  # no local wakes: every wake comes through LISTEN
+    dispatcher = _Dispatcher()
+    wakes = _InputWakes(pool, dispatcher, "tenant-a")
+    undo = hub.subscribe_any(wakes, kinds=DUE_WAKES)
+    try:
+        ref = await make_stream(
+            store, tenant="tenant-a", direction="input", consumers=["wf"], max_unread_items=None
+        )
+        await store.append(ref, encode_batch([1, 2], idempotency_key=None))
+        await eventually(lambda: dispatcher.wakes == 1, what="the append's wake")
+        await store.ack(ref, "wf", 2)
+        await store.close(ref)
+        # A wake sent after both: once it is heard, theirs were heard (one connection).
+        await pool.execute("SELECT pg_notify('workflow_streams', 'd0')")
+        await eventually(lambda: None in dispatcher.streams, what="the marker wake")
+        assert dispatcher.streams == [ref.stream_pk, None]
+    finally:
+        undo()
