@@ -35,6 +35,7 @@ from ductor_streams.delivery.wait_service import (
     RunNotFound,
     WaitService,
 )
+from ductor_streams.store.eager import start_now
 
 log = logging.getLogger(__name__)
 
@@ -158,11 +159,11 @@ class Dispatcher:
         busy with long streams of its own.
         """
         failures = 0
-        tasks: dict[asyncio.Task[None], _ClaimedStream] = {}
+        tasks: dict[asyncio.Future[None], _ClaimedStream] = {}
         # A claim may have left due streams behind for want of a free slot.
         starved = False
 
-        def finished(task: asyncio.Task[None]) -> None:
+        def finished(task: asyncio.Future[None]) -> None:
             stream = tasks.pop(task)
             if not task.cancelled() and task.exception() is not None:
                 log.error("delivery of a claimed stream crashed", exc_info=task.exception())
@@ -199,9 +200,9 @@ class Dispatcher:
                             failures = 0
                             for stream in claimed:
                                 stream.wakes_at_claim = wakes
-                                task = asyncio.get_running_loop().create_task(
-                                    self._deliver_stream(stream)
-                                )
+                                # Started in this turn: its first signal is on its way
+                                # before anything else this loop does (store/eager.py).
+                                task = start_now(self._deliver_stream(stream))
                                 tasks[task] = stream
                                 task.add_done_callback(finished)
                             if claimed and len(claimed) == free:
@@ -219,8 +220,11 @@ class Dispatcher:
                         log.warning(
                             "dispatcher round failed", extra={"error_type": type(exc).__name__}
                         )
+                    # asyncio.timeout, not wait_for: no task of its own, so a wake
+                    # resumes this loop one turn after it is set, not three.
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._wake.wait(), timeout)
+                        async with asyncio.timeout(timeout):
+                            await self._wake.wait()
             finally:
                 # Also when cancelled or crashed: the deliveries see the stop before their next
                 # signal and give back the rest, instead of running on unwatched.
@@ -380,7 +384,8 @@ class Dispatcher:
     async def _send_within_deadline(
         self, stream: _ClaimedStream, delivery: ClaimedDelivery
     ) -> bool:
-        task = asyncio.ensure_future(self._wait.deliver(delivery.event))
+        # Sent from this turn of the loop, not from a task queued behind others.
+        task = start_now(self._wait.deliver(delivery.event))
         try:
             while True:
                 remaining = self._deadline(stream) - time.monotonic()
