@@ -247,9 +247,9 @@ def _install_dispatcher() -> None:
         _notes["input_appended"].append((ref.stream_pk, last_sequence, time.time()))
         original_local(self, ref, last_sequence)
 
-    async def claim(self: Any, max_streams: int) -> Any:
+    async def claim(self: Any, max_streams: int, named: int | None = None) -> Any:
         started = time.time()
-        streams = await original_claim(self, max_streams)
+        streams = await original_claim(self, max_streams, named)
         claimed = [(d.stream_pk, d.event.sequence) for s in streams for d in s.deliveries]
         _notes["claim"].append((started, time.time(), claimed))
         return streams

@@ -3,6 +3,7 @@ Temporal signal baseline measured in the same run.
 
     python -m bench.temporal_delivery [--latency-samples 200] [--streams 8]
                                       [--per-stream 250] [--hops]
+                                      [--waiting-streams N]
                                       [--database-url postgresql://...]
 
 1. Latency: one record at a time is appended over HTTP to a real ``serve`` subprocess
@@ -10,7 +11,9 @@ Temporal signal baseline measured in the same run.
    through the helpers. Latency = wall time from just before the POST to the time
    Temporal recorded the ``ductor_streams.input`` signal in the workflow's history (the
    event time of WorkflowExecutionSignaled; same host clock). Baseline: the same measure
-   for a bare ``client.signal()`` to a workflow. p50/p99/max in ms.
+   for a bare ``client.signal()`` to a workflow. p50/p99/max in ms. The bare signal's
+   whole RPC, until its answer (``of_which_bare_signal_answered``), is printed beside it:
+   Temporal records the event well before it answers.
    ``--hops`` runs that server with bench/hops.py's wrappers and prints each hop's
    p50/p99 per record: the POST's write -> its commit reaching the dispatcher -> the
    claim sent -> answered -> the signal sent -> Temporal's signal event.
@@ -19,6 +22,10 @@ Temporal signal baseline measured in the same run.
    records / time until every delivery row is ``delivered``. Baseline: bare signals/s from
    one client with one concurrent signal loop per workflow. Each workflow must end with exactly
    ``--per-stream`` signals (no repeats).
+
+``--waiting-streams N`` first adds N input streams of another tenant, each with a
+delivery backing off for an hour (runs slow to take their input): what a claim of
+every stream walks through.
 
 The database is a fresh one on the given server (default $DUCTOR_STREAMS_DATABASE_URL,
 else $DUCTOR_STREAMS_TEST_DATABASE_URL), dropped afterwards; Temporal is a dev server
@@ -48,6 +55,7 @@ from temporalio.client import Client, WorkflowHandle
 from temporalio.testing import WorkflowEnvironment
 from temporalio.worker import Worker
 
+from bench.claims import add_streams
 from bench.environment import HTTP_LIMITS
 from bench.hops import ENV as HOPS_ENV
 from bench.hops import input_hop_table, print_input_hops
@@ -163,9 +171,11 @@ async def latency(
         CountWorkflow.run, samples, id=base_id, task_queue=TASK_QUEUE
     )
     base_sent: dict[int, float] = {}
+    base_answered: list[float] = []
     for i in range(1, samples + 1):
         base_sent[i] = time.time()
         await base.signal(INPUT_SIGNAL, {"stream_id": "input", "sequence": i, "payload": {}})
+        base_answered.append((time.time() - base_sent[i]) * 1000)
         await asyncio.sleep(0.01)
     await base.result()
     base_recorded = await signal_times(base)
@@ -176,6 +186,8 @@ async def latency(
         "server_hops_mean_ms": means,
         **({"hops": hop_rows} if hop_rows is not None else {}),
         "bare_signal_baseline": baseline,
+        # The bare signal's whole RPC: Temporal answers well after it recorded the event.
+        "of_which_bare_signal_answered": percentiles(base_answered),
     }
 
 
@@ -360,6 +372,11 @@ async def _run(args: argparse.Namespace, dsn: str) -> dict[str, Any]:
     )
     pool = await create_pool(dsn, min_size=2, max_size=10)
     store = Store(pool)
+    if args.waiting_streams:
+        # Streams of another tenant whose inputs back off: every claim that looks at
+        # all streams walks them (bench/claims.py).
+        await add_streams(pool, "bench-waiting", args.waiting_streams)
+        await pool.execute("ANALYZE workflow_streams.input_deliveries")
     try:
         client = await temporal_connection.connect(settings, plugins=[StreamsPlugin(settings)])
         async with Worker(client, task_queue=TASK_QUEUE, workflows=[SinkWorkflow, CountWorkflow]):
@@ -390,6 +407,13 @@ def main(argv: list[str] | None = None) -> int:
         "--database-url",
         default=os.environ.get("DUCTOR_STREAMS_DATABASE_URL")
         or os.environ.get("DUCTOR_STREAMS_TEST_DATABASE_URL"),
+    )
+    parser.add_argument(
+        "--waiting-streams",
+        type=int,
+        default=0,
+        help="first add this many input streams of another tenant, each with a delivery "
+        "backing off for an hour",
     )
     parser.add_argument(
         "--hops",

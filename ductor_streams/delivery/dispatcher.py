@@ -121,6 +121,10 @@ class Dispatcher:
         self._renew_every = self.config.lease_seconds / RENEWALS_PER_LEASE
         self._wake = asyncio.Event()
         self._wakes = 0  # notify() calls so far: what a finished stream compares
+        # What the next claim looks at: only the streams wakes have named since the last
+        # claim, unless something else may be due (``_look_everywhere``; see run()).
+        self._named: set[int] = set()
+        self._look_everywhere = True
         self._stop = asyncio.Event()
         self._stopped_at: float | None = None
         self._streams: set[_ClaimedStream] = set()
@@ -129,6 +133,7 @@ class Dispatcher:
         self.delivered = 0
         self.renewals = 0  # renewal statements that succeeded (tests, metrics)
         self.claims = 0  # claim statements sent (tests)
+        self.claims_everywhere = 0  # of which looked at every stream of the tenant (tests)
 
     def notify(self, stream_pk: int | None = None) -> None:
         """Something may be due now (an append committed, to ``stream_pk`` when known):
@@ -140,6 +145,9 @@ class Dispatcher:
             if held is not None:
                 held.more = True
                 return
+            self._named.add(stream_pk)
+        else:
+            self._look_everywhere = True
         self._wakes += 1
         self._wake.set()
 
@@ -168,35 +176,69 @@ class Dispatcher:
             if not task.cancelled() and task.exception() is not None:
                 log.error("delivery of a claimed stream crashed", exc_info=task.exception())
             # A slot is free. Claim again at once only if something may be due that no
-            # claim could take meanwhile: a wake came while this stream was held (for it:
-            # its new records wait behind its leased head; or any other since its claim),
-            # its claim took a full share (more may follow), it did not end clean (a
-            # retry, a give-back), or slots ran out.
+            # claim could take meanwhile. Its claim took a full share (more may follow),
+            # it did not end clean (a retry, a give-back), or slots ran out: look at
+            # every stream. A wake came while this stream was held (its new records wait
+            # behind its leased head), or any wake since its claim was sent (it may have
+            # been for a commit of this stream the claim did not see): claim this stream
+            # (any other stream a wake named has been claimed by name meanwhile, and a
+            # wake that named none makes the next claim look everywhere).
             # Otherwise nothing was appended since its claim, and the idle wait (the next
             # due time, the idle poll) stands: one claim per record instead of two.
-            if (
-                starved
-                or stream.more
-                or not stream.clean
-                or stream.wakes_at_claim != self._wakes
-                or len(stream.deliveries) >= self.config.per_stream
-            ):
+            if starved or not stream.clean or len(stream.deliveries) >= self.config.per_stream:
+                self._look_everywhere = True
                 self._wake.set()
+            elif stream.more or stream.wakes_at_claim != self._wakes:
+                self._named.add(stream.deliveries[0].stream_pk)
+                self._wake.set()
+            elif self._named:
+                self._wake.set()  # streams named while every slot was taken
 
         async with self._renewing():
             try:
+                # When the next claim must look at every stream: at the due time or the
+                # idle poll that the last such claim found.
+                everywhere_at = 0.0
                 while not self._stop.is_set():
                     # Cleared before the claim, so that a wake during it is not lost.
                     self._wake.clear()
                     timeout = self.config.idle_poll
                     try:
                         free = self.config.max_streams - len(tasks)
-                        starved = free <= 0
+                        # No slot for what may be due: look everywhere when one frees,
+                        # unless only named streams wait (they stay named till then).
+                        starved = free <= 0 and (
+                            self._look_everywhere
+                            or not self._named
+                            or time.monotonic() >= everywhere_at
+                        )
                         if free > 0:
                             # Read before the claim is sent: a wake after it may be for a
                             # commit the claim did not see.
                             wakes = self._wakes
-                            claimed = await self._claim(free)
+                            # Only wakes that named streams since the last claim, and no
+                            # due time reached: those streams are all that may be due.
+                            # They are claimed one by one, one per round (a claim of one
+                            # stream is an index lookup; one of every stream walks every
+                            # stream with an open delivery).
+                            named: int | None = None
+                            if (
+                                self._named
+                                and not self._look_everywhere
+                                and time.monotonic() < everywhere_at
+                            ):
+                                named = min(self._named)
+                                self._named.discard(named)
+                                if self._named:
+                                    self._wake.set()  # the next round claims the next one
+                            else:
+                                self._named = set()  # this claim looks at them all
+                                self._look_everywhere = False
+                            try:
+                                claimed = await self._claim(free, named)
+                            except BaseException:
+                                self._look_everywhere = True  # what was named is not lost
+                                raise
                             failures = 0
                             for stream in claimed:
                                 stream.wakes_at_claim = wakes
@@ -205,17 +247,24 @@ class Dispatcher:
                                 task = start_now(self._deliver_stream(stream))
                                 tasks[task] = stream
                                 task.add_done_callback(finished)
-                            if claimed and len(claimed) == free:
+                            if named is None and claimed and len(claimed) == free:
                                 starved = True
+                                self._look_everywhere = True
                                 continue  # every slot taken: more may be due at once
                             # Fewer than the free slots: nothing else was due at the claim,
                             # so no second claim now; a wake since (cleared above) or a
                             # stream's end (``finished``) claims again.
-                            due = await outbox.seconds_until_due(self._pool, self._tenant)
-                            if due is not None:
-                                timeout = min(max(due, 0.005), self.config.idle_poll)
+                            if named is None:
+                                due = await outbox.seconds_until_due(self._pool, self._tenant)
+                                if due is not None:
+                                    timeout = min(max(due, 0.005), self.config.idle_poll)
+                                everywhere_at = time.monotonic() + timeout
+                            else:
+                                # Claiming named streams moves no other stream's due time.
+                                timeout = max(0.0, everywhere_at - time.monotonic())
                     except _DB_ERRORS as exc:
                         failures += 1
+                        self._look_everywhere = True
                         timeout = min(self.config.max_delay, 0.2 * 2 ** min(failures, 8))
                         log.warning(
                             "dispatcher round failed", extra={"error_type": type(exc).__name__}
@@ -239,12 +288,13 @@ class Dispatcher:
             await asyncio.gather(*(self._deliver_stream(stream) for stream in streams))
         return sum(len(stream.deliveries) for stream in streams)
 
-    async def _claim(self, max_streams: int) -> list[_ClaimedStream]:
+    async def _claim(self, max_streams: int, named: int | None = None) -> list[_ClaimedStream]:
         # Taken before the claim (and its pool acquire): the lease Postgres grants starts
         # later, so a guard counted from here ends early, never late.
         started = time.monotonic()
         started_ns = time.time_ns()
         self.claims += 1
+        self.claims_everywhere += named is None
         claimed = await outbox.claim(
             self._pool,
             owner=self.owner,
@@ -252,6 +302,7 @@ class Dispatcher:
             lease_seconds=self.config.lease_seconds,
             max_streams=max_streams,
             per_stream=self.config.per_stream,
+            stream=named,
         )
         metrics.DELIVERY_CLAIM_SECONDS.observe(time.monotonic() - started)
         if tracing.ENABLED and claimed:

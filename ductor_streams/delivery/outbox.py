@@ -33,11 +33,15 @@ async def claim(
     lease_seconds: float,
     max_streams: int,
     per_stream: int,
+    stream: int | None = None,
 ) -> dict[int, list[ClaimedDelivery]]:
-    """Lease due deliveries: ``{stream_pk: [deliveries in sequence order]}``."""
-    rows = await pool.fetch(
-        QUERIES["delivery_claim"], owner, lease_seconds, max_streams, per_stream, tenant
-    )
+    """Lease due deliveries: ``{stream_pk: [deliveries in sequence order]}``; of
+    ``stream`` only when given (a wake named it), else of every stream of the tenant."""
+    args = (owner, lease_seconds, max_streams, per_stream, tenant)
+    if stream is None:
+        rows = await pool.fetch(QUERIES["delivery_claim"], *args)
+    else:
+        rows = await pool.fetch(QUERIES["delivery_claim_stream"], *args, stream)
     claimed: dict[int, list[ClaimedDelivery]] = {}
     for row in rows:
         payload = row["payload"]

@@ -297,6 +297,7 @@ async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
     async with running(dispatcher):
         await eventually(lambda: _claims(dispatcher), lambda n: n >= 1, what="first claim")
         before = dispatcher.claims
+        everywhere = dispatcher.claims_everywhere
         await append_inputs(store, ref, [1])
         dispatcher.notify(ref.stream_pk)
         await asyncio.wait_for(wait.started.wait(), 5)
@@ -318,6 +319,10 @@ async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
     # Record 1's claim, then record 2's once record 1's stream ended; a bare wake's claim
     # during the delivery found nothing.
     assert claims == (2 if wake == "its_stream" else 3), claims
+    # Named wakes, and a stream that saw only its own records meanwhile: each claim
+    # looked at that stream alone (test_named_claims.py). Only the bare wake's claim
+    # looked everywhere: the one when the stream ended looked at that stream.
+    assert dispatcher.claims_everywhere - everywhere == (0 if wake == "its_stream" else 1)
 
 
 async def test_records_one_at_a_time_cost_one_claim_each(store: Store, pool: asyncpg.Pool) -> None:
@@ -357,8 +362,8 @@ async def test_a_claimed_record_is_signalled_in_the_claims_own_turn_of_the_loop(
     seen_next_turn: list[int] = []
     claim = dispatcher._claim
 
-    async def claim_then_look(max_streams: int) -> Any:
-        claimed = await claim(max_streams)
+    async def claim_then_look(max_streams: int, named: int | None = None) -> Any:
+        claimed = await claim(max_streams, named)
         # Runs in the next turn: by then the signal has been sent, or it has not.
         asyncio.get_running_loop().call_soon(lambda: seen_next_turn.append(len(wait.calls)))
         return claimed
