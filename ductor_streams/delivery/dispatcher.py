@@ -39,6 +39,11 @@ from ductor_streams.store.eager import start_now
 
 log = logging.getLogger(__name__)
 
+# Streams named since the last claim that are claimed one by one (a statement each);
+# more at once are claimed by one claim of every stream, which costs about as much as
+# 8 named claims with 1,000 other streams waiting and less with fewer (bench/claims.py).
+NAMED_CLAIMS_AT_MOST = 8
+
 # An owner sends a signal only within this fraction of a lease after the start of the
 # last renewal (or claim) that covered every row of the stream: Postgres counts the lease
 # from a later moment (the statement's start), so the 20% left over absorbs clock rate
@@ -223,7 +228,7 @@ class Dispatcher:
                             # stream with an open delivery).
                             named: int | None = None
                             if (
-                                self._named
+                                0 < len(self._named) <= NAMED_CLAIMS_AT_MOST
                                 and not self._look_everywhere
                                 and time.monotonic() < everywhere_at
                             ):

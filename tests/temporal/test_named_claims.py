@@ -14,6 +14,7 @@ import asyncpg
 import pytest
 
 from ductor_streams.delivery import Dispatcher, DispatcherConfig, outbox
+from ductor_streams.delivery.dispatcher import NAMED_CLAIMS_AT_MOST
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store, StreamRef
 from tests.temporal.polling import eventually
@@ -253,3 +254,25 @@ async def test_streams_named_together_are_claimed_one_by_one_as_slots_free(
     assert sorted((c[0], c[2]) for c in wait.calls) == [
         (f"run-{i}", seq) for i in range(3) for seq in (1, 2)
     ]
+
+
+async def test_more_streams_named_at_once_than_named_claims_take_are_claimed_together(
+    store: Store, pool: asyncpg.Pool
+) -> None:
+    tenant = f"d-{uuid.uuid4().hex[:8]}"
+    count = NAMED_CLAIMS_AT_MOST + 1
+    refs = [await input_stream(store, tenant, f"run-{i}") for i in range(count)]
+    wait = RecordingWaitService()
+    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+    async with running(dispatcher):
+        await eventually(_counter(dispatcher), lambda n: n >= 1, what="the first claim")
+        claims, everywhere = dispatcher.claims, dispatcher.claims_everywhere
+        for ref in refs:
+            await append_inputs(store, ref, [1])
+        for ref in refs:  # no await between: all named before the next round
+            dispatcher.notify(ref.stream_pk)
+        await eventually(
+            lambda: states(pool, refs), lambda s: s == ["delivered"] * count, timeout=5
+        )
+        # One claim of every stream took them all, not one named claim each.
+        assert (dispatcher.claims - claims, dispatcher.claims_everywhere - everywhere) == (1, 1)

@@ -54,7 +54,7 @@ RETURNING d.delivery_id, d.stream_pk, d.sequence, d.attempts, d.created_at,
 -- name: delivery_claim_stream
 -- delivery_claim for stream $6 only (a wake named it): its head is one index lookup,
 -- where open_delivery_heads walks every stream with an open delivery, of every tenant
--- (0.25 ms with none, 36 ms with 10,000: python -m bench.claims). The rest of the
+-- (0.35 ms with none, 48 ms with 10,000: python -m bench.claims). The rest of the
 -- statement is delivery_claim's, word for word (tests/temporal/test_named_claims.py
 -- compares them). One stream, not an array of them, and not delivery_claim with a NULL
 -- argument: either kept Postgres on custom plans, planned anew at each call (1.4-1.8
