@@ -115,3 +115,21 @@ class WorkersProcess:
             except Exception:
                 self.process.kill()
                 self.process.wait(10)
+
+
+async def settled(dispatcher: Dispatcher, timeout: float = 10.0) -> None:  # noqa: ASYNC109
+    """Until a wake that names a stream is claimed by name: the dispatcher's first round
+    (a claim of every stream and the next-due query) is over and found nothing due, so
+    what a test counts from here is its own doing. Names a stream that does not exist."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        claims, everywhere = dispatcher.claims, dispatcher.claims_everywhere
+        dispatcher.notify(-1)
+        await eventually(
+            lambda: asyncio.sleep(0, dispatcher.claims),
+            lambda n: n > claims,  # noqa: B023 (awaited here)
+            what="a claim",
+        )
+        if dispatcher.claims_everywhere == everywhere:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "the dispatcher never settled"

@@ -22,7 +22,13 @@ from ductor_streams.delivery import DeliveryFailed, Dispatcher, DispatcherConfig
 from ductor_streams.store import Store, StreamKey, StreamRef
 from tests.temporal.conftest import WorkerFactory
 from tests.temporal.polling import eventually
-from tests.temporal.support import append_inputs, deliveries, running_dispatcher, stream_ref
+from tests.temporal.support import (
+    append_inputs,
+    deliveries,
+    running_dispatcher,
+    settled,
+    stream_ref,
+)
 from tests.temporal.workflows import QuickWorkflow
 
 FAST = DispatcherConfig(idle_poll=0.02, base_delay=0.05, max_delay=0.2, per_stream=7)
@@ -295,7 +301,7 @@ async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
     wait = GatedWaitService()
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
     async with running(dispatcher):
-        await eventually(lambda: _claims(dispatcher), lambda n: n >= 1, what="first claim")
+        await settled(dispatcher)
         before = dispatcher.claims
         everywhere = dispatcher.claims_everywhere
         await append_inputs(store, ref, [1])

@@ -18,7 +18,7 @@ from ductor_streams.delivery.dispatcher import NAMED_CLAIMS_AT_MOST
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store, StreamRef
 from tests.temporal.polling import eventually
-from tests.temporal.support import append_inputs
+from tests.temporal.support import append_inputs, settled
 from tests.temporal.test_dispatcher import RecordingWaitService, input_stream, running, states
 
 PATIENT = DispatcherConfig(idle_poll=30.0, lease_seconds=5.0, per_stream=7)
@@ -123,7 +123,7 @@ async def test_the_dispatcher_claims_named_streams_on_their_wakes(
     wait = RecordingWaitService()
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
     async with running(dispatcher):
-        await eventually(_counter(dispatcher), lambda n: n >= 1, what="the first claim")
+        await settled(dispatcher)
         everywhere = dispatcher.claims_everywhere
         claims = dispatcher.claims
         for sequence in range(1, 6):
@@ -155,7 +155,7 @@ async def test_the_due_time_of_a_claim_everywhere_holds_through_named_claims(
     wait = RecordingWaitService()
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
     async with running(dispatcher):
-        await eventually(_counter(dispatcher), lambda n: n >= 1, what="the first claim")
+        await settled(dispatcher)
         for sequence in (1, 2, 3):
             await _one_record_delivered(store, pool, dispatcher, b, sequence)
         await eventually(lambda: states(pool, [a]), lambda s: s == ["delivered"], timeout=10)
@@ -212,7 +212,7 @@ async def test_a_record_committed_behind_a_claim_in_flight_is_claimed_when_its_s
 
     monkeypatch.setattr(outbox, "claim", claim_then_append)
     async with running(dispatcher):
-        await eventually(_counter(dispatcher), lambda n: n >= 1, what="the first claim")
+        await settled(dispatcher)
         everywhere = dispatcher.claims_everywhere
         await append_inputs(store, ref, [1])
         dispatcher.notify(ref.stream_pk)
@@ -241,7 +241,7 @@ async def test_streams_named_together_are_claimed_one_by_one_as_slots_free(
     config = DispatcherConfig(idle_poll=30.0, lease_seconds=5.0, per_stream=7, max_streams=1)
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=config)
     async with running(dispatcher):
-        await eventually(_counter(dispatcher), lambda n: n >= 1, what="the first claim")
+        await settled(dispatcher)
         everywhere = dispatcher.claims_everywhere
         for ref in refs:
             await append_inputs(store, ref, [1, 2])
@@ -265,7 +265,7 @@ async def test_more_streams_named_at_once_than_named_claims_take_are_claimed_tog
     wait = RecordingWaitService()
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
     async with running(dispatcher):
-        await eventually(_counter(dispatcher), lambda n: n >= 1, what="the first claim")
+        await settled(dispatcher)
         claims, everywhere = dispatcher.claims, dispatcher.claims_everywhere
         for ref in refs:
             await append_inputs(store, ref, [1])
