@@ -262,6 +262,17 @@ async def test_unreachable_temporal_is_a_retryable_failure(
 PATIENT = DispatcherConfig(idle_poll=30.0, lease_seconds=5.0, per_stream=7)
 
 
+async def one_stream(
+    store: Store, pool: asyncpg.Pool, run_id: str
+) -> tuple[StreamRef, RecordingWaitService, Dispatcher]:
+    """An input stream of a tenant of its own, and a PATIENT dispatcher for that tenant
+    recording what it delivers (not yet running)."""
+    tenant = f"d-{uuid.uuid4().hex[:8]}"
+    ref = await input_stream(store, tenant, run_id)
+    wait = RecordingWaitService()
+    return ref, wait, Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+
+
 @contextlib.asynccontextmanager
 async def running(dispatcher: Dispatcher) -> AsyncIterator[Dispatcher]:
     """``dispatcher`` runs while the block does."""
@@ -361,10 +372,7 @@ async def test_a_claimed_record_is_signalled_in_the_claims_own_turn_of_the_loop(
     # Not from a task queued behind whatever this turn has queued already (the HTTP
     # answers, other wakes): that wait was 0.4 ms p50 and 18 ms p99 per input record
     # (bench/README.md, "Input -> workflow").
-    tenant = f"d-{uuid.uuid4().hex[:8]}"
-    ref = await input_stream(store, tenant, "run-turn")
-    wait = RecordingWaitService()
-    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+    ref, wait, dispatcher = await one_stream(store, pool, "run-turn")
     seen_next_turn: list[int] = []
     claim = dispatcher._claim
 

@@ -19,9 +19,14 @@ from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store, StreamRef
 from tests.temporal.polling import eventually
 from tests.temporal.support import append_inputs, settled
-from tests.temporal.test_dispatcher import RecordingWaitService, input_stream, running, states
-
-PATIENT = DispatcherConfig(idle_poll=30.0, lease_seconds=5.0, per_stream=7)
+from tests.temporal.test_dispatcher import (
+    PATIENT,
+    RecordingWaitService,
+    input_stream,
+    one_stream,
+    running,
+    states,
+)
 
 
 async def _claim(
@@ -118,10 +123,7 @@ async def test_concurrent_named_claims_lease_each_delivery_once(
 async def test_the_dispatcher_claims_named_streams_on_their_wakes(
     store: Store, pool: asyncpg.Pool
 ) -> None:
-    tenant = f"d-{uuid.uuid4().hex[:8]}"
-    ref = await input_stream(store, tenant, "run-named")
-    wait = RecordingWaitService()
-    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+    ref, wait, dispatcher = await one_stream(store, pool, "run-named")
     async with running(dispatcher):
         await settled(dispatcher)
         everywhere = dispatcher.claims_everywhere
@@ -195,10 +197,7 @@ async def test_a_record_committed_behind_a_claim_in_flight_is_claimed_when_its_s
     # Record 2 commits and wakes while the claim that takes record 1 is in flight: the
     # claim named next finds the stream's head leased here, so the claim when the
     # stream ends must take record 2, not the idle poll (30 s).
-    tenant = f"d-{uuid.uuid4().hex[:8]}"
-    ref = await input_stream(store, tenant, "run-behind")
-    wait = RecordingWaitService()
-    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+    ref, wait, dispatcher = await one_stream(store, pool, "run-behind")
     original = outbox.claim
     appended: list[int] = []
 
