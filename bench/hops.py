@@ -123,16 +123,18 @@ def install_worker() -> None:
     def init(self: Any, *args: Any, **kwargs: Any) -> None:
         original_init(self, *args, **kwargs)
 
-    async def submit(self: Any, stream_pk: int, batch: Any) -> Any:
+    async def submit(self: Any, stream_pk: int, batch: Any, **kwargs: Any) -> Any:
         submitted[id(batch)] = time.time()
-        return await original_submit(self, stream_pk, batch)
+        return await original_submit(self, stream_pk, batch, **kwargs)
 
-    async def send(self: Any, name: str, head: Any, batches: list[Any], notify_inline: bool) -> Any:
+    async def send(
+        self: Any, name: str, head: Any, batches: list[Any], notify_inline: bool, *tail: Any
+    ) -> Any:
         now = time.time()
         for batch in batches:
             sent[id(batch)] = now
             inline[id(batch)] = notify_inline
-        return await original_send(self, name, head, batches, notify_inline)
+        return await original_send(self, name, head, batches, notify_inline, *tail)
 
     def settle(
         self: Any,
@@ -242,6 +244,7 @@ def _install_dispatcher() -> None:
     original_local = Wakes.local
     original_claim = Dispatcher._claim
     original_send = Dispatcher._send
+    original_adopt = Dispatcher.adopt
 
     def local(self: Any, ref: Any, last_sequence: int) -> None:
         _notes["input_appended"].append((ref.stream_pk, last_sequence, time.time()))
@@ -260,9 +263,15 @@ def _install_dispatcher() -> None:
         _notes["signal"].append((delivery.stream_pk, delivery.event.sequence, started, time.time()))
         return sent
 
+    def adopt(self: Any, deliveries: list[Any], started: float) -> None:
+        leased = [(d.stream_pk, d.event.sequence) for d in deliveries]
+        _notes["adopt"].append((time.time(), leased))
+        original_adopt(self, deliveries, started)
+
     Wakes.local = local  # type: ignore[method-assign]
     Dispatcher._claim = claim  # type: ignore[method-assign]
     Dispatcher._send = send  # type: ignore[method-assign]
+    Dispatcher.adopt = adopt  # type: ignore[method-assign]
 
 
 INPUT_HOPS = (
@@ -270,6 +279,8 @@ INPUT_HOPS = (
     ("committed -> claim sent", "committed", "claim_start"),
     ("claim statement", "claim_start", "claim_end"),
     ("claim answered -> signal sent", "claim_end", "signal_start"),
+    ("committed -> leased rows handed over (no claim)", "committed", "adopted"),
+    ("handed over -> signal sent", "adopted", "signal_start"),
     ("signal sent -> Temporal recorded it", "signal_start", "recorded"),
     ("total: POST sent -> Temporal recorded it", "sent", "recorded"),
 )
@@ -297,6 +308,10 @@ def input_hop_table(
         for pk, seq in claimed:
             if pk == stream_pk and seq in per and "claim_start" not in per[seq]:
                 per[seq]["claim_start"], per[seq]["claim_end"] = start, end
+    for at, leased in sorted(server.get("adopt", []), key=lambda n: n[0]):
+        for pk, seq in leased:
+            if pk == stream_pk and seq in per and "adopted" not in per[seq]:
+                per[seq]["adopted"] = at
     for pk, seq, start, _end in sorted(server.get("signal", []), key=lambda n: n[2]):
         if pk == stream_pk and seq in per and "signal_start" not in per[seq]:
             per[seq]["signal_start"] = start

@@ -245,7 +245,7 @@ async def server_figures(http: httpx.AsyncClient) -> dict[str, tuple[float, floa
 
     answer = await http.get("/metrics")
     answer.raise_for_status()
-    figures = {hop: [0.0, 0.0] for hop in _HOP_METRICS}
+    figures = {hop: [0.0, 0.0] for hop in (*_HOP_METRICS, "append_leased")}
     for family in text_string_to_metric_families(answer.text):
         for sample in family.samples:
             for hop, (name, labels) in _HOP_METRICS.items():
@@ -255,6 +255,10 @@ async def server_figures(http: httpx.AsyncClient) -> dict[str, tuple[float, floa
                     figures[hop][0] += sample.value
                 elif sample.name == f"{name}_count":
                     figures[hop][1] += sample.value
+        if family.name == "ductor_streams_delivery_append_leased":
+            # A counter: the deliveries leased by their own append, as a "count".
+            leased = sum(s.value for s in family.samples if s.name.endswith("_total"))
+            figures["append_leased"] = [0.0, leased]
     return {hop: (total, count) for hop, (total, count) in figures.items()}
 
 

@@ -28,6 +28,8 @@ Call sites, by metric:
   appender, once per append statement (store/append.py).
 - ``FOLLOWER_LAG``: live followers, per batch of records fanned out (live/follower.py).
 - ``DELIVERY_CLAIM_SECONDS``, ``DELIVERY_SIGNAL_SECONDS``: the dispatcher.
+- ``DELIVERY_APPEND_LEASED``: the dispatcher, per delivery an append leased to it
+  (``Dispatcher.adopt``; docs/temporal.md, "Leases taken by the append").
 - ``ductor_streams_db_pool_*``: every pool given to ``track_pool``, read at scrape.
 """
 
@@ -330,6 +332,11 @@ DELIVERY_CLAIM_SECONDS = Histogram(
     "ductor_streams_delivery_claim_seconds",
     "One dispatcher claim statement (leasing due deliveries).",
     buckets=_FAST,
+    registry=REGISTRY,
+)
+DELIVERY_APPEND_LEASED = Counter(
+    "ductor_streams_delivery_append_leased",
+    "Input deliveries leased to this process's dispatcher by their own append (no claim).",
     registry=REGISTRY,
 )
 DELIVERY_SIGNAL_SECONDS = Histogram(

@@ -78,6 +78,9 @@ class DispatcherConfig:
     # After stop(), a signal already in flight may finish for this long; then it is
     # abandoned and its delivery given back with the rest (sent again by another replica).
     stop_grace: float = 3.0
+    # An input append of this process to an idle stream leases its deliveries to this
+    # dispatcher in its own transaction, sparing the claim's round trip (migration 0036).
+    take_append_leases: bool = True
 
 
 def backoff_delay(attempts: int, config: DispatcherConfig) -> float:
@@ -101,8 +104,14 @@ class _ClaimedStream:
     wakes_at_claim: int = 0
     # Every delivery sent and recorded (no retry, death, give-back or failure).
     clean: bool = False
-    # A wake for this stream came while it was held (``notify(stream_pk)``).
+    # A wake for this stream came while it was held (``notify(stream_pk)``) that may
+    # announce records past ``deliveries``.
     more: bool = False
+    # For a reservation (no deliveries yet): the latest sequence its wakes announced.
+    seen: int = 0
+    # Leased by its own append (``adopt``), under the stream's row lock: every later
+    # commit of the stream has a wake of its own, which ``more`` records.
+    adopted: bool = False
 
 
 class Dispatcher:
@@ -134,21 +143,38 @@ class Dispatcher:
         self._stopped_at: float | None = None
         self._streams: set[_ClaimedStream] = set()
         self._held: dict[int, _ClaimedStream] = {}  # stream_pk -> its claim, while delivered
+        # The task delivering each claimed stream, while ``run`` runs.
+        self._tasks: dict[asyncio.Future[None], _ClaimedStream] = {}
+        # A claim may have left due streams behind for want of a free slot.
+        self._starved = False
+        self._running = False
+        # Streams kept for an append that may lease their deliveries (``reserve``): each
+        # takes a slot, and its placeholder stands in ``_held`` until ``adopt`` or
+        # ``unreserve`` (unless a claim took the stream meanwhile: then the claim's).
+        self._reserved: dict[int, _ClaimedStream] = {}
         self._heartbeat: asyncio.Task[None] | None = None
         self.delivered = 0
         self.renewals = 0  # renewal statements that succeeded (tests, metrics)
         self.claims = 0  # claim statements sent (tests)
         self.claims_everywhere = 0  # of which looked at every stream of the tenant (tests)
+        self.adopted = 0  # streams delivered from leases their append took (tests)
 
-    def notify(self, stream_pk: int | None = None) -> None:
-        """Something may be due now (an append committed, to ``stream_pk`` when known):
-        look without waiting. A stream this dispatcher is delivering is looked at again
-        when its delivery ends instead: a claim now could not take it (its head is
-        leased here)."""
+    def notify(self, stream_pk: int | None = None, latest: int | None = None) -> None:
+        """Something may be due now (an append committed, to ``stream_pk`` when known,
+        up to sequence ``latest`` when known): look without waiting. A stream this
+        dispatcher is delivering is looked at again when its delivery ends instead: a
+        claim now could not take it (its head is leased here); and not at all for a wake
+        whose records it holds already (appends commit in sequence order, so a claim
+        that took a sequence at or past ``latest`` saw every open one before it)."""
         if stream_pk is not None:
             held = self._held.get(stream_pk)
             if held is not None:
-                held.more = True
+                if latest is None:
+                    held.more = True
+                elif held.deliveries:
+                    held.more = held.more or latest > held.deliveries[-1].event.sequence
+                else:  # a reservation: what its append leased is known at ``adopt``
+                    held.seen = max(held.seen, latest)
                 return
             self._named.add(stream_pk)
         else:
@@ -172,33 +198,8 @@ class Dispatcher:
         busy with long streams of its own.
         """
         failures = 0
-        tasks: dict[asyncio.Future[None], _ClaimedStream] = {}
-        # A claim may have left due streams behind for want of a free slot.
-        starved = False
-
-        def finished(task: asyncio.Future[None]) -> None:
-            stream = tasks.pop(task)
-            if not task.cancelled() and task.exception() is not None:
-                log.error("delivery of a claimed stream crashed", exc_info=task.exception())
-            # A slot is free. Claim again at once only if something may be due that no
-            # claim could take meanwhile. Its claim took a full share (more may follow),
-            # it did not end clean (a retry, a give-back), or slots ran out: look at
-            # every stream. A wake came while this stream was held (its new records wait
-            # behind its leased head), or any wake since its claim was sent (it may have
-            # been for a commit of this stream the claim did not see): claim this stream
-            # (any other stream a wake named has been claimed by name meanwhile, and a
-            # wake that named none makes the next claim look everywhere).
-            # Otherwise nothing was appended since its claim, and the idle wait (the next
-            # due time, the idle poll) stands: one claim per record instead of two.
-            if starved or not stream.clean or len(stream.deliveries) >= self.config.per_stream:
-                self._look_everywhere = True
-                self._wake.set()
-            elif stream.more or stream.wakes_at_claim != self._wakes:
-                self._named.add(stream.deliveries[0].stream_pk)
-                self._wake.set()
-            elif self._named:
-                self._wake.set()  # streams named while every slot was taken
-
+        tasks = self._tasks
+        self._running = True
         async with self._renewing():
             try:
                 # When the next claim must look at every stream: at the due time or the
@@ -209,10 +210,10 @@ class Dispatcher:
                     self._wake.clear()
                     timeout = self.config.idle_poll
                     try:
-                        free = self.config.max_streams - len(tasks)
+                        free = self.config.max_streams - len(tasks) - len(self._reserved)
                         # No slot for what may be due: look everywhere when one frees,
                         # unless only named streams wait (they stay named till then).
-                        starved = free <= 0 and (
+                        self._starved = free <= 0 and (
                             self._look_everywhere
                             or not self._named
                             or time.monotonic() >= everywhere_at
@@ -249,11 +250,9 @@ class Dispatcher:
                                 stream.wakes_at_claim = wakes
                                 # Started in this turn: its first signal is on its way
                                 # before anything else this loop does (store/eager.py).
-                                task = start_now(self._deliver_stream(stream))
-                                tasks[task] = stream
-                                task.add_done_callback(finished)
+                                self._start(stream)
                             if named is None and claimed and len(claimed) == free:
-                                starved = True
+                                self._starved = True
                                 self._look_everywhere = True
                                 continue  # every slot taken: more may be due at once
                             # Fewer than the free slots: nothing else was due at the claim,
@@ -282,9 +281,92 @@ class Dispatcher:
             finally:
                 # Also when cancelled or crashed: the deliveries see the stop before their next
                 # signal and give back the rest, instead of running on unwatched.
+                self._running = False
                 self.stop()
                 if tasks:
                     await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _start(self, stream: _ClaimedStream) -> None:
+        """Deliver a claimed stream from a task of its own, started in this turn: its first
+        signal is on its way before anything else this loop does (store/eager.py)."""
+        task = start_now(self._deliver_stream(stream))
+        self._tasks[task] = stream
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Future[None]) -> None:
+        stream = self._tasks.pop(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("delivery of a claimed stream crashed", exc_info=task.exception())
+        # A slot is free. Claim again at once only if something may be due that no
+        # claim could take meanwhile. Its claim took a full share (more may follow),
+        # it did not end clean (a retry, a give-back), or slots ran out: look at
+        # every stream. A wake came while this stream was held (its new records wait
+        # behind its leased head), or any wake since its claim was sent (it may have
+        # been for a commit of this stream the claim did not see; not so for rows an
+        # append leased, which saw every commit before its own): claim this stream
+        # (any other stream a wake named has been claimed by name meanwhile, and a
+        # wake that named none makes the next claim look everywhere).
+        # Otherwise nothing was appended since its claim, and the idle wait (the next
+        # due time, the idle poll) stands: one claim per record instead of two.
+        if self._starved or not stream.clean or len(stream.deliveries) >= self.config.per_stream:
+            self._look_everywhere = True
+            self._wake.set()
+        elif stream.more or (not stream.adopted and stream.wakes_at_claim != self._wakes):
+            self._named.add(stream.deliveries[0].stream_pk)
+            self._wake.set()
+        elif self._named:
+            self._wake.set()  # streams named while every slot was taken
+
+    # -- leases taken by an append of this process (migration 0036) --------------------
+
+    def reserve(self, stream_pk: int) -> bool:
+        """Keep a slot and the stream for an append that may lease its deliveries to this
+        dispatcher: True if it may (running, a slot free, the stream not held here).
+        ``adopt`` or ``unreserve`` must follow. Until then the stream counts as held: a
+        wake for it is kept for when it is given up (``_ClaimedStream.more``)."""
+        if (
+            not self._running
+            or self._stop.is_set()
+            or not self.config.take_append_leases
+            or stream_pk in self._held
+            or len(self._tasks) + len(self._reserved) >= self.config.max_streams
+        ):
+            return False
+        placeholder = _ClaimedStream([], set(), time.monotonic())
+        self._reserved[stream_pk] = self._held[stream_pk] = placeholder
+        return True
+
+    def _unhold(self, stream_pk: int) -> _ClaimedStream | None:
+        """Ends a reservation; its placeholder, if it still stood for the stream."""
+        placeholder = self._reserved.pop(stream_pk, None)
+        if placeholder is not None and self._held.get(stream_pk) is placeholder:
+            del self._held[stream_pk]
+            return placeholder
+        return None
+
+    def adopt(self, deliveries: list[ClaimedDelivery], started: float) -> None:
+        """Deliver what the reserved stream's append leased (``started``: monotonic, before
+        its statement was sent), as if a claim sent then had taken it."""
+        stream_pk = deliveries[0].stream_pk
+        placeholder = self._unhold(stream_pk)
+        stream = _ClaimedStream(deliveries, {d.delivery_id for d in deliveries}, started)
+        stream.more = placeholder is not None and (
+            placeholder.more or placeholder.seen > deliveries[-1].event.sequence
+        )
+        stream.adopted = True
+        self.adopted += 1
+        metrics.DELIVERY_APPEND_LEASED.inc(len(deliveries))
+        self._streams.add(stream)
+        self._held[stream_pk] = stream
+        # Stopped meanwhile: the task gives everything back at once, waking the others.
+        self._start(stream)
+
+    def unreserve(self, stream_pk: int) -> None:
+        """The reserved stream's append leased nothing: a wake that came meanwhile claims
+        it now."""
+        placeholder = self._unhold(stream_pk)
+        if placeholder is not None and (placeholder.more or placeholder.seen):
+            self.notify(stream_pk)
 
     async def run_once(self) -> int:
         """One claim, every claimed stream delivered; returns how many were claimed."""

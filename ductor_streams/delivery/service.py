@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,10 @@ import asyncpg
 from ductor_streams import tracing
 from ductor_streams.config import Settings
 from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
+from ductor_streams.delivery.outbox import ClaimedDelivery
+from ductor_streams.delivery.wait_service import InputEvent
 from ductor_streams.schema import QUERIES
+from ductor_streams.store.append import LeasedDeliveries, LeaseTerms
 from ductor_streams.store.models import StreamRef
 
 if TYPE_CHECKING:
@@ -58,7 +62,7 @@ class _InputWakes:
         if last_sequence <= self._announced.get(ref.stream_pk, 0):
             return  # announced already (its LISTEN wake was read first): its claim ran
         self._announce(ref.stream_pk, last_sequence)
-        self._dispatcher.notify(ref.stream_pk)
+        self._dispatcher.notify(ref.stream_pk, last_sequence)
 
     def _announce(self, stream_pk: int, last_sequence: int) -> None:
         if len(self._announced) > 100_000:
@@ -74,7 +78,7 @@ class _InputWakes:
         elif known:
             if latest is not None:
                 self._announce(stream_pk, latest)
-            self._dispatcher.notify(stream_pk)
+            self._dispatcher.notify(stream_pk, latest)
         elif known is None:
             task = asyncio.get_running_loop().create_task(self._learn(stream_pk))
             self._tasks.add(task)
@@ -93,6 +97,53 @@ class _InputWakes:
         self._is_input[stream_pk] = bool(is_input)
         if is_input:
             self._dispatcher.notify(stream_pk)
+
+
+class AppendLeases:
+    """Leases taken by the append (migration 0036): an append of this process to an input
+    stream of the dispatcher's tenant, alone in its statement, leases its deliveries to
+    the dispatcher when they are the stream's head, and the dispatcher signals them once
+    the append's answer is back, with no claim in between. A stream the dispatcher holds
+    already, or with no slot free, is appended as before and claimed on its wake."""
+
+    def __init__(self, dispatcher: Dispatcher, tenant: str) -> None:
+        self._dispatcher = dispatcher
+        self._tenant = tenant
+
+    def reserve(self, ref: StreamRef) -> LeaseTerms | None:
+        dispatcher = self._dispatcher
+        if ref.key.tenant != self._tenant or not dispatcher.reserve(ref.stream_pk):
+            return None
+        config = dispatcher.config
+        return LeaseTerms(dispatcher.owner, config.lease_seconds, config.per_stream)
+
+    def taken(self, leased: LeasedDeliveries) -> None:
+        key = leased.ref.key
+        deliveries = [
+            ClaimedDelivery(
+                delivery_id,
+                leased.ref.stream_pk,
+                0,  # attempts: a new row
+                record.appended_at,  # created_at: the same transaction's now()
+                InputEvent(
+                    tenant=key.tenant,
+                    run_id=key.run_id,
+                    stream_id=key.stream_id,
+                    sequence=record.sequence,
+                    payload=json.loads(record.payload),
+                    object=None,  # a record with an object is claimed instead
+                    appended_at=record.appended_at.isoformat(),
+                ),
+                trace,
+            )
+            for delivery_id, record, trace in zip(
+                leased.delivery_ids, leased.records, leased.traces, strict=True
+            )
+        ]
+        self._dispatcher.adopt(deliveries, leased.started)
+
+    def released(self, ref: StreamRef) -> None:
+        self._dispatcher.unreserve(ref.stream_pk)
 
 
 @contextlib.asynccontextmanager
@@ -126,6 +177,9 @@ async def dispatcher_service(runtime: Runtime) -> AsyncIterator[None]:
     undo = hub.subscribe_any(wakes, kinds=DUE_WAKES) if hub is not None else None
     store.input_appended = wakes.local
     task = asyncio.get_running_loop().create_task(dispatcher.run(), name="input-dispatcher")
+    appender = getattr(store, "appender", None)
+    if appender is not None:
+        appender.leases = AppendLeases(dispatcher, settings.tenant)
     log.info("input dispatcher started", extra={"owner": dispatcher.owner})
     try:
         yield
@@ -133,6 +187,8 @@ async def dispatcher_service(runtime: Runtime) -> AsyncIterator[None]:
         if undo is not None:
             undo()
         store.input_appended = None
+        if appender is not None:
+            appender.leases = None
         dispatcher.stop()
         with contextlib.suppress(asyncio.CancelledError):
             await task

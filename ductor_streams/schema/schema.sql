@@ -472,6 +472,62 @@ BEGIN
 END;
 $function$;
 
+CREATE OR REPLACE FUNCTION workflow_streams.append_requests_leasing(p_stream_pk bigint, p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[], p_notify boolean, p_traces text[], p_owner text, p_lease_seconds double precision, p_max_leased integer)
+ RETURNS TABLE(request_index integer, outcome text, first_sequence bigint, last_sequence bigint, leased bigint[])
+ LANGUAGE plpgsql
+AS $function$
+DECLARE
+    v_first  bigint;  -- the first and last sequence this call appended (consecutive)
+    v_last   bigint;
+    v_leased bigint[];
+    r        record;
+BEGIN
+    FOR r IN SELECT * FROM workflow_streams.append_requests(
+                 p_stream_pk, p_counts, p_keys, p_hashes, p_payloads, p_sizes, p_objects,
+                 p_notify, p_traces) a
+              ORDER BY a.request_index LOOP
+        request_index := r.request_index;
+        outcome := r.outcome;
+        first_sequence := r.first_sequence;
+        last_sequence := r.last_sequence;
+        leased := NULL;
+        IF r.outcome = 'appended' THEN
+            v_first := coalesce(v_first, r.first_sequence);
+            v_last := r.last_sequence;
+        END IF;
+        RETURN NEXT;
+    END LOOP;
+
+    IF v_first IS NULL OR p_max_leased < 1 OR EXISTS (
+           SELECT 1 FROM workflow_streams.input_deliveries o
+            WHERE o.stream_pk = p_stream_pk AND o.sequence < v_first
+              AND o.state IN ('pending', 'retrying')) THEN
+        RETURN;  -- nothing appended, or not the head: a claim takes them in turn
+    END IF;
+    WITH taken AS (
+        UPDATE workflow_streams.input_deliveries d
+           SET lease_owner = p_owner,
+               lease_expires_at = now() + make_interval(secs => p_lease_seconds)
+         WHERE d.stream_pk = p_stream_pk
+           AND d.sequence BETWEEN v_first AND least(v_last, v_first + p_max_leased - 1)
+           AND d.state = 'pending'
+        RETURNING d.delivery_id, d.sequence
+    )
+    SELECT array_agg(t.delivery_id ORDER BY t.sequence), max(t.sequence)
+      INTO v_leased, v_last
+      FROM taken t;
+    IF v_leased IS NULL THEN
+        RETURN;  -- an output stream: no deliveries
+    END IF;
+    request_index := 0;
+    outcome := 'leased';
+    first_sequence := v_first;
+    last_sequence := v_last;
+    leased := v_leased;
+    RETURN NEXT;
+END;
+$function$;
+
 CREATE OR REPLACE FUNCTION workflow_streams.append_stream_groups(p_stream_pks bigint[], p_group_requests integer[], p_group_records integer[], p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[], p_notify boolean)
  RETURNS TABLE(group_index integer, request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
  LANGUAGE sql

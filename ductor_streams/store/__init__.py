@@ -87,7 +87,9 @@ class Store:
         credit = ref.definition.credit
         try:
             if credit.on_unread_full != "block" or credit.block_timeout_ms <= 0:
-                result = await self.appender.append(ref.stream_pk, batch)
+                result = await self.appender.append(
+                    ref.stream_pk, batch, ref=ref if ref.is_input else None
+                )
             else:
                 result = await append_blocking(
                     self.appender,

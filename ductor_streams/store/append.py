@@ -63,7 +63,7 @@ from ductor_streams.store.db import database_unavailable, translate_db_error
 from ductor_streams.store.eager import start_now
 from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.held import HeldConnection
-from ductor_streams.store.models import AppendResult, Record
+from ductor_streams.store.models import AppendResult, Record, StreamRef
 from ductor_streams.store.outcomes import AppendOutcome
 from ductor_streams.store.wakes import WakeSender
 
@@ -92,6 +92,8 @@ class _StreamQueue:
     pending: deque[Item] = field(default_factory=deque)
     busy: bool = False  # a group of this stream is in flight
     records: int = 0  # the records of ``pending``
+    # The stream, when it is an input stream whose appends may lease their deliveries.
+    ref: StreamRef | None = None
 
     def take_group(self) -> list[Item]:
         """The next group: queued requests in arrival order, up to MAX_GROUP_RECORDS."""
@@ -119,6 +121,43 @@ class CommitFeed(Protocol):
     def appending(self, stream_pk: int, underway: bool) -> None:
         """A statement appending to the stream starts (True) or has ended (False):
         whatever it committed has been handed to ``committed`` by then."""
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseTerms:
+    """The lease an input append takes for this process's dispatcher (migration 0036)."""
+
+    owner: str
+    seconds: float
+    max_deliveries: int
+
+
+@dataclass(frozen=True, slots=True)
+class LeasedDeliveries:
+    """Deliveries that an append leased in its own transaction, now committed."""
+
+    ref: StreamRef
+    # Monotonic time before the statement was sent: Postgres counts the lease from the
+    # transaction's start, later, so a guard counted from here ends early, never late.
+    started: float
+    delivery_ids: list[int]
+    records: list[Record]  # the leased records, in sequence order
+    traces: list[str | None]  # each leased record's request's traceparent
+
+
+class LeaseTaker(Protocol):
+    """This process's dispatcher, as the append path sees it."""
+
+    def reserve(self, ref: StreamRef) -> LeaseTerms | None:
+        """Terms if the dispatcher can take this stream's next deliveries now (a free
+        slot, the stream not held); it then keeps the stream for this append's answer:
+        ``taken`` or ``released`` follows, exactly once."""
+
+    def taken(self, leased: LeasedDeliveries) -> None:
+        """The append committed and leased these deliveries: deliver them; must not block."""
+
+    def released(self, ref: StreamRef) -> None:
+        """The append leased nothing (not the stream's head, refused, or failed)."""
 
 
 def _outcome(row: asyncpg.Record) -> Outcome:
@@ -170,12 +209,20 @@ class Appender:
         self._tasks: set[asyncio.Future[None]] = set()
         self.wakes = wakes if wakes is not None else WakeSender(pool)
         self.feed: CommitFeed | None = None
+        # This process's dispatcher, when it runs (delivery/service.py): an append alone
+        # in its statement to an input stream may then lease its own deliveries.
+        self.leases: LeaseTaker | None = None
 
-    async def append(self, stream_pk: int, batch: EncodedBatch) -> AppendResult:
-        """Append one request; raises the domain error the request alone would get."""
-        return outcome_to_result(await self.submit(stream_pk, batch))
+    async def append(
+        self, stream_pk: int, batch: EncodedBatch, *, ref: StreamRef | None = None
+    ) -> AppendResult:
+        """Append one request; raises the domain error the request alone would get.
+        ``ref``: the stream, when it is an input stream (its deliveries may be leased)."""
+        return outcome_to_result(await self.submit(stream_pk, batch, ref=ref))
 
-    async def submit(self, stream_pk: int, batch: EncodedBatch) -> Outcome:
+    async def submit(
+        self, stream_pk: int, batch: EncodedBatch, *, ref: StreamRef | None = None
+    ) -> Outcome:
         if tracing.ENABLED and batch.trace is None:
             traceparent = tracing.current_traceparent()
             if traceparent is not None:
@@ -183,6 +230,8 @@ class Appender:
         queue = self._queues.get(stream_pk)
         if queue is None:
             queue = self._queues[stream_pk] = _StreamQueue()
+        if ref is not None:
+            queue.ref = ref
         future: asyncio.Future[Outcome] = asyncio.get_running_loop().create_future()
         queue.pending.append((batch, future))
         queue.records += batch.count
@@ -238,7 +287,7 @@ class Appender:
         span = _statement_span(groups, requests) if tracing.ENABLED else None
         try:
             if len(groups) == 1:
-                await self._run_group(*groups[0], notify_inline=notify_inline)
+                await self._run_group(*groups[0], notify_inline=notify_inline, may_lease=True)
             else:
                 await self._run_groups(sorted(groups, key=lambda g: g[0]), notify_inline)
         except Exception as exc:  # the connection failed: these requests get the error
@@ -301,12 +350,29 @@ class Appender:
         for (stream_pk, group), group_outcomes in zip(groups, outcomes, strict=True):
             self._settle_group(stream_pk, group, group_outcomes, notify_inline, appended_at)
 
-    async def _run_group(self, stream_pk: int, group: list[Item], *, notify_inline: bool) -> None:
-        """One stream's group in one transaction, or each request alone if that fails."""
+    async def _run_group(
+        self, stream_pk: int, group: list[Item], *, notify_inline: bool, may_lease: bool = False
+    ) -> None:
+        """One stream's group in one transaction, or each request alone if that fails.
+        With ``may_lease``, an input stream's deliveries may be leased by the statement."""
+        batches = [batch for batch, _ in group]
+        leases, ref, terms = self._reserve(stream_pk, batches) if may_lease else (None, None, None)
+        taken: LeasedDeliveries | None = None
+        taker: LeaseTaker | None = None
         try:
-            outcomes, appended_at = await self._call(
-                stream_pk, [batch for batch, _ in group], notify_inline
-            )
+            if leases is None or ref is None or terms is None:
+                outcomes, appended_at = await self._call(stream_pk, batches, notify_inline)
+            else:
+                started = time.monotonic()
+                outcomes, appended_at, leased = await self._call_leasing(
+                    stream_pk, batches, notify_inline, terms
+                )
+                if leased is None:
+                    leases.released(ref)
+                else:
+                    taken = _leased_deliveries(ref, started, group, outcomes, appended_at, *leased)
+                    taker = leases
+                leases = None  # answered
         except asyncpg.PostgresError as exc:
             if len(group) == 1 or _outcome_unknown(exc) or database_unavailable(exc):
                 for _, future in group:
@@ -316,7 +382,35 @@ class Appender:
             for item in group:
                 await self._run_group(stream_pk, [item], notify_inline=False)
             return
+        finally:
+            if leases is not None and ref is not None:
+                leases.released(ref)  # the statement failed: no lease is known
         self._settle_group(stream_pk, group, outcomes, notify_inline, appended_at)
+        if taken is not None and taker is not None:
+            # Handed over after the answers: the requests' tasks, woken by
+            # ``_settle_group``, run first, and then the signal starts (starting one is a
+            # share of this loop's time that each answer would otherwise wait for).
+            asyncio.get_running_loop().call_soon(taker.taken, taken)
+
+    def _reserve(
+        self, stream_pk: int, batches: list[EncodedBatch]
+    ) -> tuple[LeaseTaker | None, StreamRef | None, LeaseTerms | None]:
+        """The dispatcher's terms for leasing this group's deliveries, if it takes them:
+        an input stream, no record with an object, not a staged statement."""
+        leases = self.leases
+        queue = self._queues.get(stream_pk)
+        ref = queue.ref if queue is not None else None
+        if (
+            leases is None
+            or ref is None
+            or _staged(batches)
+            or any(o is not None for batch in batches for o in batch.objects)
+        ):
+            return None, None, None
+        terms = leases.reserve(ref)
+        if terms is None:
+            return None, None, None
+        return leases, ref, terms
 
     def _settle_group(
         self,
@@ -370,20 +464,43 @@ class Appender:
         outcomes = [_outcome(r) for r in rows]
         return outcomes, rows[0]["appended_at"]
 
+    async def _call_leasing(
+        self, stream_pk: int, batches: list[EncodedBatch], notify_inline: bool, terms: LeaseTerms
+    ) -> tuple[list[Outcome], datetime, tuple[int, list[int]] | None]:
+        """``_call`` that leases the appended deliveries when they are the stream's head:
+        also the first leased sequence and the leased ids, or None."""
+        self.statements += 1
+        rows = await self._send(
+            "records_append_group_leasing",
+            (stream_pk,),
+            batches,
+            notify_inline,
+            terms.owner,
+            terms.seconds,
+            terms.max_deliveries,
+        )
+        leased = None
+        if rows[-1]["request_index"] == 0:
+            row = rows.pop()
+            leased = (row["first_sequence"], list(row["leased"]))
+        return [_outcome(r) for r in rows], rows[0]["appended_at"], leased
+
     async def _send(
         self,
         name: str,
         head: tuple[Any, ...],
         batches: list[EncodedBatch],
         notify_inline: bool,
+        *tail: Any,
     ) -> list[asyncpg.Record]:
         """Run append statement ``name`` with its leading arguments ``head``, the batches'
-        arguments and ``notify_inline``: plain on the held connection, or its ``_staged``
-        form when the batches carry more than STAGED_STATEMENT_BYTES."""
+        arguments, ``notify_inline`` and the traces, then ``tail``: plain on the held
+        connection, or its ``_staged`` form when the batches carry more than
+        STAGED_STATEMENT_BYTES (a statement with a ``tail`` is never staged)."""
         traces = statement_traces(batches)
-        if not _staged(batches):
+        if tail or not _staged(batches):
             return await self._connection.fetch(
-                QUERIES[name], *head, *statement_arguments(batches), notify_inline, traces
+                QUERIES[name], *head, *statement_arguments(batches), notify_inline, traces, *tail
             )
         counts, keys, hashes, _, sizes, objects = statement_arguments(batches, joined=False)
         return await self._fetch_staged(
@@ -484,6 +601,31 @@ def committed_records(
             )
         )
     return records
+
+
+def _leased_deliveries(
+    ref: StreamRef,
+    started: float,
+    group: list[Item],
+    outcomes: list[Outcome],
+    appended_at: datetime,
+    first: int,
+    delivery_ids: list[int],
+) -> LeasedDeliveries:
+    """The leased deliveries ``first`` .. of a group, with their records and traces."""
+    records: list[Record] = []
+    traces: list[str | None] = []
+    for (batch, _), (name, start, _last) in zip(group, outcomes, strict=True):
+        if name != AppendOutcome.APPENDED:
+            continue
+        assert start is not None
+        for sequence, payload, size in zip(
+            range(start, start + batch.count), batch.payloads, batch.sizes, strict=True
+        ):
+            if first <= sequence < first + len(delivery_ids):
+                records.append(Record(sequence, payload, size, appended_at, None))
+                traces.append(batch.trace)
+    return LeasedDeliveries(ref, started, delivery_ids, records, traces)
 
 
 def _outcome_unknown(exc: asyncpg.PostgresError) -> bool:

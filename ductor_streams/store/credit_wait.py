@@ -55,7 +55,9 @@ async def append_blocking(
         # wait still wakes us.
         with _wakes(hub, ref.stream_pk) as woken:
             try:
-                return await appender.append(ref.stream_pk, batch)
+                return await appender.append(
+                    ref.stream_pk, batch, ref=ref if ref.is_input else None
+                )
             except CreditExhausted:
                 if never_fits(ref, batch) or deadline - time.monotonic() <= 0:
                     raise

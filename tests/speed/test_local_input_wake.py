@@ -19,7 +19,7 @@ class _Dispatcher:
         self.wakes = 0
         self.streams: list[int | None] = []  # the stream each wake named
 
-    def notify(self, stream_pk: int | None = None) -> None:
+    def notify(self, stream_pk: int | None = None, latest: int | None = None) -> None:
         self.wakes += 1
         self.streams.append(stream_pk)
 

@@ -17,6 +17,19 @@ SELECT request_index, outcome, first_sequence, last_sequence, now() AS appended_
                                         string_to_array($6::text, ',')::integer[],
                                         $7::jsonb[], $8::boolean, $9::text[]);
 
+-- name: records_append_group_leasing
+-- records_append_group for an input stream that this process's dispatcher can take at
+-- once (store/append.py, "Leases taken by the append"): $10 the dispatcher's owner, $11
+-- its lease in seconds, $12 how many deliveries it takes at most. The rows are
+-- records_append_group's, then one row with request_index 0 when the append leased its
+-- deliveries (migration 0036): their ids in `leased`, sequences first..last.
+SELECT request_index, outcome, first_sequence, last_sequence, leased, now() AS appended_at
+  FROM workflow_streams.append_requests_leasing($1, $2::integer[], $3::text[], $4::text[],
+                                                string_to_array($5::text, E'\x1e'),
+                                                string_to_array($6::text, ',')::integer[],
+                                                $7::jsonb[], $8::boolean, $9::text[],
+                                                $10::text, $11::float8, $12::integer);
+
 -- name: wake_send
 -- Announces commits that have already happened: one NOTIFY per payload, in one
 -- transaction. It carries nothing worth a WAL flush, so its commit does not wait for
