@@ -188,8 +188,9 @@ async def test_a_lease_whose_owner_never_sends_is_taken_over(
 
 
 async def test_the_dispatcher_signals_what_its_process_appended_without_a_claim(
-    pool: asyncpg.Pool,
+    quiet_pool: asyncpg.Pool,
 ) -> None:
+    pool = quiet_pool  # it counts claims (tests/temporal/conftest.py)
     tenant = f"l-{uuid.uuid4().hex[:8]}"
     store = Store(pool)
     ref = await input_stream(store, tenant, "run-local")
@@ -374,10 +375,11 @@ async def _delivery_ids(pool: asyncpg.Pool, ref: StreamRef) -> list[asyncpg.Reco
 
 
 async def test_a_wake_for_records_the_dispatcher_holds_claims_nothing_after(
-    store: Store, pool: asyncpg.Pool
+    quiet_store: Store, quiet_pool: asyncpg.Pool
 ) -> None:
     """A wake whose sequence a held claim covers announces nothing that claim lacks
     (appends commit in sequence order); a later one does, and is claimed after it."""
+    store, pool = quiet_store, quiet_pool  # it counts claims (tests/temporal/conftest.py)
     tenant = f"l-{uuid.uuid4().hex[:8]}"
     ref = await input_stream(store, tenant, "run-covered")
     await append_inputs(store, ref, [1, 2, 3])

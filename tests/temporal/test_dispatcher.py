@@ -300,7 +300,7 @@ class GatedWaitService(RecordingWaitService):
 
 @pytest.mark.parametrize("wake", ["any", "its_stream"])
 async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
-    store: Store, pool: asyncpg.Pool, wake: str
+    quiet_store: Store, quiet_pool: asyncpg.Pool, wake: str
 ) -> None:
     # Its stream's head is leased to the dispatcher while record 1 is signalled, so a
     # claim cannot take record 2 then: the dispatcher must claim again when the stream
@@ -308,17 +308,17 @@ async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
     # the stream (what serve's own appends and LISTEN give) waits for that end instead
     # of sending a claim that finds nothing; a bare wake sends it.
     tenant = f"d-{uuid.uuid4().hex[:8]}"
-    ref = await input_stream(store, tenant, "run-during")
+    ref = await input_stream(quiet_store, tenant, "run-during")
     wait = GatedWaitService()
-    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+    dispatcher = Dispatcher(quiet_pool, wait, tenant=tenant, owner="one", config=PATIENT)
     async with running(dispatcher):
         await settled(dispatcher)
         before = dispatcher.claims
         everywhere = dispatcher.claims_everywhere
-        await append_inputs(store, ref, [1])
+        await append_inputs(quiet_store, ref, [1])
         dispatcher.notify(ref.stream_pk)
         await asyncio.wait_for(wait.started.wait(), 5)
-        await append_inputs(store, ref, [2])
+        await append_inputs(quiet_store, ref, [2])
         dispatcher.notify(ref.stream_pk if wake == "its_stream" else None)
         if wake == "any":  # its claim runs while record 1 is held: it finds nothing
             await eventually(
@@ -326,7 +326,7 @@ async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
             )
         wait.gate.set()
         await eventually(
-            lambda: states(pool, [ref]),
+            lambda: states(quiet_pool, [ref]),
             lambda s: s == ["delivered"] * 2,
             timeout=3,
             what="record 2 delivered right after record 1",
@@ -342,21 +342,23 @@ async def test_a_record_appended_while_its_stream_is_delivered_goes_out_at_once(
     assert dispatcher.claims_everywhere - everywhere == (0 if wake == "its_stream" else 1)
 
 
-async def test_records_one_at_a_time_cost_one_claim_each(store: Store, pool: asyncpg.Pool) -> None:
+async def test_records_one_at_a_time_cost_one_claim_each(
+    quiet_store: Store, quiet_pool: asyncpg.Pool
+) -> None:
     # Each record's wake claims it; its stream then ends clean with nothing new since,
     # so no second claim follows (before: one more per record, and a due-time query).
     tenant = f"d-{uuid.uuid4().hex[:8]}"
-    ref = await input_stream(store, tenant, "run-single")
+    ref = await input_stream(quiet_store, tenant, "run-single")
     wait = RecordingWaitService()
-    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="one", config=PATIENT)
+    dispatcher = Dispatcher(quiet_pool, wait, tenant=tenant, owner="one", config=PATIENT)
     async with running(dispatcher):
         await eventually(lambda: _claims(dispatcher), lambda n: n >= 1, what="first claim")
         before = dispatcher.claims
         for sequence in range(1, 11):
-            await append_inputs(store, ref, [sequence])
+            await append_inputs(quiet_store, ref, [sequence])
             dispatcher.notify(ref.stream_pk)
             await eventually(
-                lambda: states(pool, [ref]),
+                lambda: states(quiet_pool, [ref]),
                 lambda s: s == ["delivered"] * sequence,  # noqa: B023 (awaited here)
                 timeout=3,
                 what=f"record {sequence} delivered",

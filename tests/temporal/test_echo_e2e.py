@@ -90,6 +90,15 @@ async def test_echo_fifty_inputs_in_batches_over_http_and_sse(
             assert done.json() == {"first_sequence": 51, "last_sequence": 51}
             await asyncio.wait_for(reader, 60)
             assert await handle.result() == 50
+            # The first batch came to an idle stream: its append leased its delivery to
+            # this server's dispatcher, which signalled it with no claim (migration 0036).
+            text = (await http.get("/metrics")).text
+            leased = [
+                float(line.split()[-1])
+                for line in text.splitlines()
+                if line.startswith("ductor_streams_delivery_append_leased_total ")
+            ]
+            assert leased and leased[0] >= 1, leased
 
     records = [(e, i, d) for e, i, d in received if e == "record"]
     assert [i for _, i, _ in records] == [str(n) for n in range(1, 51)]
