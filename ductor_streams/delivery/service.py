@@ -118,8 +118,23 @@ class AppendLeases:
         return LeaseTerms(dispatcher.owner, config.lease_seconds, config.per_stream)
 
     def taken(self, leased: LeasedDeliveries) -> None:
+        try:
+            deliveries = self._deliveries(leased)
+        except Exception:
+            # Never leave the reservation standing (it holds a slot and the stream): the
+            # rows' lease runs out instead, and a claim takes them then.
+            log.exception("leased deliveries could not be handed over")
+            self._dispatcher.unreserve(leased.ref.stream_pk)
+            return
+        self._dispatcher.adopt(deliveries, leased.started)
+
+    def released(self, ref: StreamRef) -> None:
+        self._dispatcher.unreserve(ref.stream_pk)
+
+    @staticmethod
+    def _deliveries(leased: LeasedDeliveries) -> list[ClaimedDelivery]:
         key = leased.ref.key
-        deliveries = [
+        return [
             ClaimedDelivery(
                 delivery_id,
                 leased.ref.stream_pk,
@@ -140,10 +155,6 @@ class AppendLeases:
                 leased.delivery_ids, leased.records, leased.traces, strict=True
             )
         ]
-        self._dispatcher.adopt(deliveries, leased.started)
-
-    def released(self, ref: StreamRef) -> None:
-        self._dispatcher.unreserve(ref.stream_pk)
 
 
 @contextlib.asynccontextmanager

@@ -16,6 +16,7 @@ import asyncpg
 
 from ductor_streams import metrics
 from ductor_streams.delivery import Dispatcher, InputEvent, outbox
+from ductor_streams.delivery.outbox import ClaimedDelivery
 from ductor_streams.delivery.service import AppendLeases
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store, StreamRef, encode_batch
@@ -433,3 +434,30 @@ async def test_a_wake_for_records_the_dispatcher_holds_claims_nothing_after(
         dispatcher.stop()
         await task
     assert wait.by_run() == {"run-covered": [1, 2, 3, 4, 5]}
+
+
+async def test_a_handover_that_fails_frees_the_slot_and_the_lease_runs_out(
+    pool: asyncpg.Pool,
+) -> None:
+    """Leased rows that could not reach the dispatcher: its reservation ends (the slot
+    and the stream are free again) and the rows are claimed once their lease runs out."""
+    tenant = f"l-{uuid.uuid4().hex[:8]}"
+    store = Store(pool)
+    ref = await input_stream(store, tenant, "run-broken")
+    wait = RecordingWaitService()
+    short = dataclasses.replace(LEASING, lease_seconds=0.5, idle_poll=0.05)
+    dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="broken", config=short)
+
+    class Broken(AppendLeases):
+        @staticmethod
+        def _deliveries(leased: LeasedDeliveries) -> list[ClaimedDelivery]:
+            raise ValueError("injected")
+
+    async with leasing(store, dispatcher, Broken(dispatcher, tenant)):
+        await append_inputs(store, ref, [1, 2])
+        await eventually(
+            lambda: states(pool, [ref]), lambda s: s == ["delivered"] * 2, what="claimed later"
+        )
+        assert dispatcher._reserved == {}
+    assert dispatcher.adopted == 0
+    assert wait.by_run() == {"run-broken": [1, 2]}
