@@ -23,8 +23,21 @@ import uuid
 from bench.environment import isolated_database, postgres_server
 from ductor_streams.definitions import parse_definition
 from ductor_streams.schema.migrate import migrate
-from ductor_streams.store import Store, StreamKey, encode_batch
+from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
 from ductor_streams.store.db import create_pool
+
+
+async def paced_appends(store: Store, ref: StreamRef, appends: int, pause: float) -> list[float]:
+    """``appends`` one-record appends to ``ref`` through ``store``, each ``pause`` seconds
+    after the last answer: each one's latency in ms, in order."""
+    times = []
+    for i in range(appends):
+        batch = encode_batch([{"i": i}])
+        started = time.perf_counter()
+        await store.append(ref, batch)
+        times.append((time.perf_counter() - started) * 1000)
+        await asyncio.sleep(pause)
+    return times
 
 
 async def _rounds(dsn: str, appends: int, rounds: int, pause: float) -> dict[str, list[float]]:
@@ -42,13 +55,7 @@ async def _rounds(dsn: str, appends: int, rounds: int, pause: float) -> dict[str
                 )
                 key = StreamKey("bench", f"run-{uuid.uuid4().hex[:8]}", "s")
                 ref, _ = await store.create_stream(key, definition)
-                times = []
-                for i in range(appends):
-                    batch = encode_batch([{"i": i}])
-                    started = time.perf_counter()
-                    await store.append(ref, batch)
-                    times.append((time.perf_counter() - started) * 1000)
-                    await asyncio.sleep(pause)
+                times = await paced_appends(store, ref, appends, pause)
                 medians[direction].append(statistics.median(times))
     finally:
         await pool.close()

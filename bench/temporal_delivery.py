@@ -69,6 +69,7 @@ from bench.environment import HTTP_LIMITS
 from bench.hops import ENV as HOPS_ENV
 from bench.hops import input_hop_table, print_input_hops
 from bench.sse_latency import Producer
+from bench.store_appends import paced_appends
 from bench.temporal_workflows import CountWorkflow, SinkWorkflow
 from ductor_streams import temporal_connection
 from ductor_streams.auth import issue_token
@@ -306,14 +307,7 @@ async def append_alone(store: Store, samples: int) -> dict[str, float]:
     paced as the latency run paces its POSTs."""
     tenant = f"alone-{uuid.uuid4().hex[:6]}"
     (ref,) = await input_streams(store, tenant, [tenant])
-    times: list[float] = []
-    for i in range(samples):
-        batch = encode_batch([{"i": i}])
-        started = time.perf_counter()
-        await store.append(ref, batch)
-        times.append((time.perf_counter() - started) * 1000)
-        await asyncio.sleep(PAUSE_SECONDS)
-    return percentiles(times)
+    return percentiles(await paced_appends(store, ref, samples, PAUSE_SECONDS))
 
 
 def floor_figures(latency: dict[str, Any], alone: dict[str, float]) -> dict[str, Any]:
