@@ -221,21 +221,46 @@ async def test_race_20_subscribers_join_at_random_moments_during_500_appends(ser
                     c, run_id, "race", list(range(latest + 1, latest + n + 1)), h
                 )
 
+        joined: dict[int, tuple[int, Collected]] = {}  # the unfinished: id(got) -> (cursor, got)
+
         async def subscriber(delay_steps: int) -> tuple[int, Collected]:
             # Join once the producer has reached a random point; pick a random cursor.
             await eventually(lambda: latest >= delay_steps, what="the producer")
             cursor = rng.randint(0, latest)
-            got = await collect_sse(
+            got = Collected()
+            joined[id(got)] = (cursor, got)
+            await collect_sse(
                 server.url,
                 stream_url(run_id, "race") + "/subscribe",
                 h,
                 params={"cursor": cursor},
                 until=total,
+                into=got,
             )
+            del joined[id(got)]
             return cursor, got
 
-        producing = asyncio.create_task(producer())
-        results = await asyncio.gather(*(subscriber(rng.randint(0, total - 1)) for _ in range(20)))
+        async def produce_then_close() -> None:
+            await producer()
+            # Closed once everything is appended: a subscriber that joins at the end
+            # (cursor 500, nothing to receive) gets `end` instead of waiting forever.
+            await close(c, run_id, "race", h)
+
+        producing = asyncio.create_task(produce_then_close())
+        try:
+            results = await asyncio.wait_for(
+                asyncio.gather(*(subscriber(rng.randint(0, total - 1)) for _ in range(20))), 45
+            )
+        except TimeoutError:
+            # Say which subscribers stalled and where, rather than only that one did.
+            stalled = [
+                (cursor, len(got.sequences), got.sequences[-1:], got.end, got.error)
+                for cursor, got in joined.values()
+            ]
+            raise AssertionError(
+                f"producer at {latest}; subscribers unfinished (cursor, received, last,"
+                f" end, error): {stalled}"
+            ) from None
         await producing
     for cursor, got in results:
         assert got.sequences == list(range(cursor + 1, total + 1)), cursor
