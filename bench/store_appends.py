@@ -27,6 +27,7 @@ import sys
 import time
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import asyncpg
 
@@ -41,28 +42,30 @@ from ductor_streams.store.db import create_pool
 
 async def paced_appends(store: Store, ref: StreamRef, appends: int, pause: float) -> list[float]:
     """``appends`` one-record appends to ``ref`` through ``store``, each ``pause`` seconds
-    after the last answer: each one's latency in ms, in order."""
-    times = []
-    for i in range(appends):
-        batch = encode_batch([{"i": i}])
-        started = time.perf_counter()
-        await store.append(ref, batch)
-        times.append((time.perf_counter() - started) * 1000)
-        await asyncio.sleep(pause)
-    return times
+    after the last answer: each one's latency in ms, in order (batches encoded before)."""
+    batches = [encode_batch([{"i": i}]) for i in range(appends)]
+    return await _paced_calls(lambda i: store.append(ref, batches[i]), appends, pause)
 
 
 async def _paced_calls(
-    call: Callable[[], Awaitable[object]], count: int, pause: float
+    call: Callable[[int], Awaitable[object]], count: int, pause: float
 ) -> list[float]:
-    """``count`` awaits of ``call()``, each ``pause`` seconds after the last: ms each."""
+    """``call(i)`` awaited for i in 0 .. count - 1, each ``pause`` seconds after the last
+    answer: each one's latency in ms, in order."""
     times = []
-    for _ in range(count):
+    for i in range(count):
         started = time.perf_counter()
-        await call()
+        await call(i)
         times.append((time.perf_counter() - started) * 1000)
         await asyncio.sleep(pause)
     return times
+
+
+async def _fetch(
+    statement: asyncpg.prepared_stmt.PreparedStatement, args: tuple[Any, ...], _: int
+) -> object:
+    """One run of a prepared ``statement`` (``_paced_calls``' call, the index unused)."""
+    return await statement.fetch(*args)
 
 
 async def _stream(store: Store, direction: str) -> StreamRef:
@@ -97,10 +100,12 @@ async def _rounds(dsn: str, appends: int, rounds: int, pause: float) -> dict[str
                     times = await paced_appends(store, ref, appends, pause)
                 elif side == "input statement":
                     pk = (await _stream(store, "input")).stream_pk
-                    call = functools.partial(statement.fetch, pk, *arguments, True, None)
+                    call = functools.partial(_fetch, statement, (pk, *arguments, True, None))
                     times = await _paced_calls(call, appends, pause)
                 else:
-                    times = await _paced_calls(insert.fetch, appends, pause)
+                    times = await _paced_calls(
+                        functools.partial(_fetch, insert, ()), appends, pause
+                    )
                 medians[side].append(statistics.median(times))
     finally:
         await conn.close()
