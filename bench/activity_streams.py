@@ -192,21 +192,29 @@ class Bench:
         )
 
     async def start_workflows(
-        self, mode: str, run_ids: list[str], tokens: int, rate: float, lead: float
+        self,
+        mode: str,
+        run_ids: list[str],
+        tokens: int,
+        rate: float,
+        lead: float,
+        spread: bool = False,
     ) -> tuple[list[Any], float]:
         """Start the workflows; their first tokens are made ``lead`` seconds from now
         (the wall time returned), once every workflow has started: a sandboxed
         workflow's first task costs the worker tens of milliseconds of CPU (holding the
-        GIL), which must not land on the measured tokens."""
+        GIL), which must not land on the measured tokens. ``spread``: the workflows'
+        tokens are made at phases spread evenly over one period (``phase_offsets``)."""
         start_at = time.time() + lead
+        offsets = phase_offsets(len(run_ids), rate, spread)
         handles = [
             await self.client.start_workflow(
                 BenchTokensWorkflow.run,
-                TokensRequest(mode, tokens, rate, start_at),
+                TokensRequest(mode, tokens, rate, start_at + offset),
                 id=run_id,
                 task_queue=TASK_QUEUE,
             )
-            for run_id in run_ids
+            for run_id, offset in zip(run_ids, offsets, strict=True)
         ]
         return handles, start_at
 
@@ -300,7 +308,9 @@ class Bench:
 
     # -- concurrent ----------------------------------------------------------------------
 
-    async def concurrent(self, mode: str, streams: int, rate: float, seconds: float) -> Any:
+    async def concurrent(
+        self, mode: str, streams: int, rate: float, seconds: float, spread: bool = False
+    ) -> Any:
         run_ids = [f"{mode}-{uuid.uuid4().hex[:8]}" for _ in range(streams)]
         tokens = int(rate * seconds)
         await self.create_streams(run_ids)
@@ -308,18 +318,21 @@ class Bench:
         if mode == "http":
             connections = [await RawAppender.open(self.server, self.token, r) for r in run_ids]
             start_at = time.time() + 0.5
+            offsets = phase_offsets(streams, rate, spread)
 
-            async def write_load(connection: RawAppender) -> None:
+            async def write_load(connection: RawAppender, offset: float) -> None:
                 for i in range(tokens):
-                    wait = start_at + i / rate - time.time()
+                    wait = start_at + offset + i / rate - time.time()
                     if wait > 0:
                         await asyncio.sleep(wait)
                     await connection.append(i)
 
-            load: Any = asyncio.gather(*(write_load(c) for c in connections))
+            load: Any = asyncio.gather(
+                *(write_load(c, o) for c, o in zip(connections, offsets, strict=True))
+            )
         else:
             handles, start_at = await self.start_workflows(
-                mode, run_ids, tokens, rate, lead=2.0 + 0.05 * streams
+                mode, run_ids, tokens, rate, lead=2.0 + 0.05 * streams, spread=spread
             )
             load = asyncio.gather(*(h.result() for h in handles))
         await asyncio.sleep(max(0.0, start_at - time.time()))
@@ -440,6 +453,16 @@ def start_worker(
         )
 
 
+def phase_offsets(streams: int, rate: float, spread: bool) -> list[float]:
+    """Each stream's delay of its first token: 0 for all (``aligned``: every stream makes
+    a token at the same instant, a burst of ``streams`` records each period), or evenly
+    spread over one period of ``rate`` (``spread``: independent producers, such as model
+    calls that did not start together, keep no common phase)."""
+    if not spread or not rate:
+        return [0.0] * streams
+    return [i / streams / rate for i in range(streams)]
+
+
 async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, Any]:
     await migrate(dsn)
     env = await WorkflowEnvironment.start_local(
@@ -491,7 +514,9 @@ async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, A
             for mode in ("activity", "answer", "http"):
                 for _ in range(args.repeat):
                     if wanted(mode):
-                        row = await bench.concurrent(mode, args.streams, args.rate, args.seconds)
+                        row = await bench.concurrent(
+                            mode, args.streams, args.rate, args.seconds, args.phases == "spread"
+                        )
                         result["concurrent"].setdefault(mode, row)
                         result["concurrent"].setdefault(f"{mode}_runs", []).append(row)
             for mode in ("activity", "answer", "http"):
@@ -528,8 +553,8 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
         base = single["http"]["records_per_s"]
         print(f"activity / http records/s: {single['activity']['records_per_s'] / base:.2f}")
     print(
-        f"\n{args.streams} streams x {args.rate:g} records/s for {args.seconds:g} s, one SSE "
-        "follower each"
+        f"\n{args.streams} streams x {args.rate:g} records/s ({args.phases}) for"
+        f" {args.seconds:g} s, one SSE follower each"
     )
     print(
         f"{'path':<10}{'p50 ms':>10}{'p99 ms':>10}{'server cores':>14}{'us/rec':>8}"
@@ -578,6 +603,13 @@ def main(argv: list[str] | None = None) -> int:
         "--only",
         help="comma-separated parts to run: single-activity, single-workflow, single-http, "
         "activity, answer, http (the concurrent loads); default all",
+    )
+    parser.add_argument(
+        "--phases",
+        choices=("aligned", "spread"),
+        default="aligned",
+        help="the concurrent loads' token times: every stream at the same instant "
+        "(aligned, a burst each period: the worst case) or spread evenly over one period",
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs of each concurrent load (median shown)"

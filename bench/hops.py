@@ -23,6 +23,11 @@ server (``install_server``)
     ``read``: a follower read, its start, end and the sequences it returned;
     ``fan_out``: a batch handed to the subscribers (the SSE write is synchronous in it).
 
+Both also note each garbage collection (start, duration, generation: ``gc_pauses`` sums
+them over the load), and at the dump the objects the collector tracks, how many are
+frozen (ductor_streams/gc_tuning.py) and, by type, what a full collection then finds
+unreachable (reference cycles).
+
 Each process writes its notes as JSON to ``$BENCH_HOPS_DIR/<role>-<pid>.json`` when it
 gets SIGUSR1 (or exits); ``hop_table`` joins them with the followers' receive times.
 """
@@ -30,12 +35,13 @@ gets SIGUSR1 (or exits); ``hop_table`` joins them with the followers' receive ti
 from __future__ import annotations
 
 import atexit
+import gc
 import json
 import os
 import signal
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +60,16 @@ def dump() -> None:
     if not directory:
         return
     path = Path(directory) / f"{_role}-{os.getpid()}.json"
+    _notes["gc_objects"] = [(len(gc.get_objects()), gc.get_freeze_count())]
+    # What a full collection now finds unreachable (reference cycles), by type.
+    gc.set_debug(gc.DEBUG_SAVEALL)
+    try:
+        gc.collect()
+        kinds = Counter(type(o).__qualname__ for o in gc.garbage)
+    finally:
+        gc.set_debug(0)
+        gc.garbage.clear()
+    _notes["gc_garbage"] = kinds.most_common(12)
     path.write_text(json.dumps(_notes))
 
 
@@ -66,6 +82,22 @@ def _install_dump(role: str) -> None:
     _role = role
     atexit.register(dump)
     signal.signal(signal.SIGUSR1, _on_dump_signal)
+    _note_collections()
+
+
+def _note_collections() -> None:
+    """Note each garbage collection of this process: wall start, seconds, generation
+    (a collection holds the event loop; ``gc_pauses`` sums them over the load)."""
+    started: list[float] = []
+
+    def on_gc(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[:] = [time.time()]
+        elif started:
+            at = started[0]
+            _notes["gc"].append((at, time.time() - at, info.get("generation", -1)))
+
+    gc.callbacks.append(on_gc)
 
 
 # -- the worker ---------------------------------------------------------------------------
@@ -436,11 +468,43 @@ def hop_table(
         if got is not None:
             times["received"] = got
     table: dict[str, Any] = {}
+    # The slowest 1% of records (made -> client at or above its p99): each hop's median
+    # among them says which hop the tail is made of.
+    totals = sorted(
+        t["received"] - t["made"] for t in per.values() if "made" in t and "received" in t
+    )
+    tail = totals[min(len(totals) - 1, int(0.99 * len(totals)))] if totals else None
+    slow = [
+        t
+        for t in per.values()
+        if tail is not None
+        and "made" in t
+        and "received" in t
+        and t["received"] - t["made"] >= tail
+    ]
     for label, start, end in HOPS:
         table[label] = _percentiles(
             [(t[end] - t[start]) * 1000 for t in per.values() if start in t and end in t]
         )
+        in_slow = sorted((t[end] - t[start]) * 1000 for t in slow if start in t and end in t)
+        if in_slow:
+            table[label]["slowest_1pc_p50_ms"] = round(in_slow[len(in_slow) // 2], 2)
     fed = sum(1 for t in per.values() if "fan_out" in t and "read_end" not in t)
+    made = [t["made"] for t in per.values() if "made" in t]
+    if made:
+        window = (min(made), max(t.get("received", t["made"]) for t in per.values() if "made" in t))
+        table["gc_pauses"] = {
+            role: gc_pauses(notes.get("gc", []), window)
+            for role, notes in (("worker", worker), ("server", server))
+        }
+        # At the notes' dump, after the load: objects the collector tracks and frozen,
+        # and what a full collection then found unreachable.
+        for key in ("gc_objects", "gc_garbage"):
+            table[key] = {
+                role: notes[key][-1] if key == "gc_objects" else notes[key]
+                for role, notes in (("worker", worker), ("server", server))
+                if notes.get(key)
+            }
     table["records"] = len(per)
     table["records_read_by_serve"] = sum(1 for t in per.values() if "read_end" in t)
     table["records_fed_without_read"] = fed
@@ -448,6 +512,21 @@ def hop_table(
         1 for t in per.values() if t.get("wake_start") == t["returned"]
     )
     return table
+
+
+def gc_pauses(notes: list[Any], window: tuple[float, float]) -> dict[str, Any]:
+    """The collections of one process within the load's ``window``: per generation,
+    how many, their total and their longest pause in milliseconds."""
+    by_generation: dict[str, dict[str, float]] = {}
+    for at, seconds, generation in notes:
+        if window[0] <= at <= window[1]:
+            row = by_generation.setdefault(
+                f"gen{generation}", {"count": 0, "total_ms": 0.0, "max_ms": 0.0}
+            )
+            row["count"] += 1
+            row["total_ms"] = round(row["total_ms"] + seconds * 1000, 2)
+            row["max_ms"] = round(max(row["max_ms"], seconds * 1000), 2)
+    return dict(sorted(by_generation.items()))
 
 
 def print_hops(table: dict[str, Any]) -> None:
@@ -461,16 +540,32 @@ def print_hops(table: dict[str, Any]) -> None:
             "records_with_inline_notify",
         ),
     )
+    for role, generations in table.get("gc_pauses", {}).items():
+        text = ", ".join(
+            f"{name} {row['count']} ({row['total_ms']} ms, longest {row['max_ms']})"
+            for name, row in generations.items()
+        )
+        print(f"garbage collections in the {role} during the load: {text or 'none'}")
+        if role in table.get("gc_objects", {}):
+            tracked, frozen = table["gc_objects"][role]
+            garbage = ", ".join(f"{kind} {n}" for kind, n in table["gc_garbage"].get(role, []))
+            print(
+                f"  after the load: {tracked:,} objects tracked, {frozen:,} frozen;"
+                f" unreachable: {garbage or 'none'}"
+            )
 
 
 def _print_table(
     table: dict[str, Any], hops: tuple[tuple[str, str, str], ...], counts: tuple[str, ...]
 ) -> None:
     """Each hop's p50/p99 and count, then the named counts."""
-    print(f"{'hop':<52}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}")
+    print(f"{'hop':<52}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}{'slowest 1%: p50 ms':>20}")
     for label, _, _ in hops:
         row = table[label]
-        print(f"{label:<52}{row.get('p50_ms', '-'):>10}{row.get('p99_ms', '-'):>10}{row['n']:>8}")
+        print(
+            f"{label:<52}{row.get('p50_ms', '-'):>10}{row.get('p99_ms', '-'):>10}{row['n']:>8}"
+            f"{row.get('slowest_1pc_p50_ms', '-'):>20}"
+        )
     for key in counts:
         print(f"{key}: {table[key]}")
 

@@ -31,10 +31,13 @@ Call sites, by metric:
 - ``DELIVERY_APPEND_LEASED``: the dispatcher, per delivery an append leased to it
   (``Dispatcher.adopt``; docs/temporal.md, "Leases taken by the append").
 - ``ductor_streams_db_pool_*``: every pool given to ``track_pool``, read at scrape.
+- ``GC_PAUSE_SECONDS``: a garbage-collector callback that gc_tuning.py installs;
+  ``ductor_streams_gc_frozen_objects``: read at scrape.
 """
 
 from __future__ import annotations
 
+import gc
 from bisect import bisect_left
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -70,6 +73,7 @@ __all__ = [
     "EXPIRED_INTENTS",
     "GAP_REPAIRED_RECORDS",
     "GAP_REPAIRS",
+    "GC_PAUSE_SECONDS",
     "OBJECT_DELETIONS",
     "PRUNED_RECORDS",
     "REGISTRY",
@@ -318,9 +322,33 @@ APPEND_GROUP_REQUESTS = LoopHistogram(
     (),
     (1, 2, 4, 8, 16, 32, 64, 128, 256, 512),
 )
-REGISTRY.register(
-    _LoopHistogramCollector(HTTP_REQUEST_DURATION, APPEND_STATEMENT_SECONDS, APPEND_GROUP_REQUESTS)
+GC_PAUSE_SECONDS = LoopHistogram(
+    "ductor_streams_gc_pause_seconds",
+    "Garbage collections of this process by generation (2: full), each holding the "
+    "event loop; observed once the collector is tuned (ductor_streams/gc_tuning.py).",
+    ("generation",),
+    _FAST,
 )
+REGISTRY.register(
+    _LoopHistogramCollector(
+        HTTP_REQUEST_DURATION, APPEND_STATEMENT_SECONDS, APPEND_GROUP_REQUESTS, GC_PAUSE_SECONDS
+    )
+)
+
+
+class _FrozenObjectsCollector(Collector):
+    """The objects this process froze out of garbage collection, read when scraped
+    (0 until ductor_streams/gc_tuning.py has tuned it)."""
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        yield GaugeMetricFamily(
+            "ductor_streams_gc_frozen_objects",
+            "Objects alive at the end of start-up, frozen out of garbage collection.",
+            value=gc.get_freeze_count(),
+        )
+
+
+REGISTRY.register(_FrozenObjectsCollector())
 FOLLOWER_LAG = Histogram(
     "ductor_streams_follower_lag_seconds",
     "From a record's commit (its appended_at) to its fan-out to this process's live "

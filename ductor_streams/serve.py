@@ -16,6 +16,7 @@ import socket
 import uvicorn
 
 from ductor_streams.config import Settings
+from ductor_streams.gc_tuning import tuned_after_start
 from ductor_streams.http import create_app
 from ductor_streams.http.app import StreamsApp
 from ductor_streams.http.connection_guard import (
@@ -54,7 +55,8 @@ def serve(settings: Settings, *, workers: bool) -> int:
     settings.require_jwt_secret()
     configure_logging(settings.log_level_number)
     configure_tracing(settings, service="ductor-streams")
-    services = worker_services(settings) if workers else []
+    # The garbage collector is tuned once everything has started (gc_tuning.py).
+    services = [*(worker_services(settings) if workers else []), tuned_after_start]
     app = create_app(settings, services=services)
     config = uvicorn.Config(
         app,

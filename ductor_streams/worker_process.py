@@ -7,6 +7,7 @@ import contextlib
 import signal
 
 from ductor_streams.config import Settings
+from ductor_streams.gc_tuning import tuned_after_start
 from ductor_streams.logs import configure_logging
 from ductor_streams.runtime import open_runtime
 from ductor_streams.tracing import configure_tracing
@@ -15,7 +16,8 @@ from ductor_streams.workers import worker_services
 
 async def run_worker_services(settings: Settings, stop: asyncio.Event) -> None:
     """Open the runtime, run every worker service until ``stop`` is set, then close."""
-    services = worker_services(settings)
+    # The garbage collector is tuned once everything has started (gc_tuning.py).
+    services = [*worker_services(settings), tuned_after_start]
     pool_min_size = min(1, settings.pool_min_size)
     async with (
         open_runtime(settings, name="workers", pool_min_size=pool_min_size) as runtime,

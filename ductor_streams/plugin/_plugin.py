@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+from collections.abc import AsyncIterator
 from typing import Any
 
 from temporalio.plugin import SimplePlugin
@@ -11,6 +13,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from ductor_streams.activities import StreamsActivities
 from ductor_streams.config import Settings
+from ductor_streams.gc_tuning import tune_garbage_collection
 
 PLUGIN_NAME = "ductor_streams.StreamsPlugin"
 
@@ -37,6 +40,12 @@ class StreamsPlugin(SimplePlugin):
     (``DUCTOR_STREAMS_DATABASE_URL``, ``_TENANT``, ``_REGION``, ``_OBJECT_STORE``;
     docs/configuration.md) unless given here. The helpers need no data converter beyond
     Temporal's default (their types are dataclasses), so the client's converter is kept.
+
+    ``tune_gc``: once the first worker of the process has opened the runtime, the
+    objects alive then leave garbage collection and full collections become ten times
+    rarer (``ductor_streams.gc_tuning``: full collections held a worker's event loop
+    40-80 ms, stalling every streaming activity). Pass False to leave the process's
+    collector alone.
     """
 
     def __init__(
@@ -47,6 +56,7 @@ class StreamsPlugin(SimplePlugin):
         tenant: str | None = None,
         region: str | None = None,
         activities: StreamsActivities | None = None,
+        tune_gc: bool = True,
     ) -> None:
         settings = (settings or Settings.from_env()).with_overrides(
             database_url=database_url, tenant=tenant, region=region
@@ -54,13 +64,23 @@ class StreamsPlugin(SimplePlugin):
         self.settings = settings
         # Not `self.activities`: SimplePlugin keeps its activity list under that name.
         self.streams_activities = activities or StreamsActivities(settings)
+        self.tune_gc = tune_gc
         super().__init__(
             PLUGIN_NAME,
             activities=self.streams_activities.all(),
             workflow_runner=_pass_through,
-            run_context=self.streams_activities.lifetime,
+            run_context=self._run_context,
             interceptors=_tracing_interceptors(settings) or None,
         )
+
+    @contextlib.asynccontextmanager
+    async def _run_context(self) -> AsyncIterator[None]:
+        """The activities' runtime for the worker's life; then, once per process, the
+        garbage collection tuned (``tune_gc``)."""
+        async with self.streams_activities.lifetime():
+            if self.tune_gc:
+                tune_garbage_collection()
+            yield
 
 
 def _tracing_interceptors(settings: Settings) -> list[Any]:

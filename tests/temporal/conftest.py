@@ -65,7 +65,10 @@ def wf_settings(settings: Settings, temporal_address: str) -> Settings:
 
 @pytest.fixture(scope="session")
 def plugin(wf_settings: Settings) -> StreamsPlugin:
-    return StreamsPlugin(wf_settings)
+    # The test process is no long-running worker: its collector stays as CPython's
+    # (the tuning freezes what is alive and makes full collections rarer, process-wide;
+    # test_gc_tuning.py checks it in processes of their own).
+    return StreamsPlugin(wf_settings, tune_gc=False)
 
 
 @pytest.fixture(scope="session")
