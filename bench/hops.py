@@ -83,6 +83,53 @@ def _install_dump(role: str) -> None:
     atexit.register(dump)
     signal.signal(signal.SIGUSR1, _on_dump_signal)
     _note_collections()
+    _watch_stalls()
+
+
+# The event loop ticks every STALL_TICK seconds; a thread notes the main thread's stack
+# when no tick came for STALL_SECONDS (one note per stall, at its first sighting).
+STALL_TICK = 0.005
+STALL_SECONDS = 0.015
+
+
+def _watch_stalls() -> None:
+    """Note the event loop's stalls: when, how long, and where the main thread was."""
+    import asyncio
+    import threading
+    import traceback
+
+    last = [time.monotonic()]
+    main = threading.main_thread().ident
+
+    def tick(loop: asyncio.AbstractEventLoop) -> None:
+        now = time.monotonic()
+        gap = now - last[0]
+        if gap > STALL_SECONDS + STALL_TICK and _notes["stall_open"]:
+            _notes["stalls"][-1][1] = gap  # the stall's length, once it ended
+        _notes["stall_open"].clear()
+        last[0] = now
+        loop.call_later(STALL_TICK, tick, loop)
+
+    def watch() -> None:
+        while True:
+            time.sleep(0.003)
+            if time.monotonic() - last[0] > STALL_SECONDS and not _notes["stall_open"]:
+                frame = sys._current_frames().get(main or 0)
+                stack = traceback.extract_stack(frame)[-8:] if frame is not None else []
+                where = " <- ".join(
+                    f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(stack)
+                )
+                _notes["stalls"].append([time.time(), None, where])
+                _notes["stall_open"].append(True)
+
+    original_run = asyncio.BaseEventLoop.run_forever
+
+    def run_forever(self: asyncio.AbstractEventLoop) -> None:
+        self.call_soon(tick, self)
+        threading.Thread(target=watch, daemon=True).start()
+        original_run(self)  # type: ignore[arg-type]
+
+    asyncio.BaseEventLoop.run_forever = run_forever  # type: ignore[method-assign]
 
 
 def _note_collections() -> None:
@@ -497,6 +544,18 @@ def hop_table(
             role: gc_pauses(notes.get("gc", []), window)
             for role, notes in (("worker", worker), ("server", server))
         }
+        table["loop_stalls"] = {
+            role: sorted(
+                (
+                    [round((length or 0) * 1000, 1), where]
+                    for at, length, where in notes.get("stalls", [])
+                    if window[0] <= at <= window[1]
+                ),
+                reverse=True,
+            )
+            for role, notes in (("worker", worker), ("server", server))
+            if "stalls" in notes
+        }
         # At the notes' dump, after the load: objects the collector tracks and frozen,
         # and what a full collection then found unreachable.
         for key in ("gc_objects", "gc_garbage"):
@@ -553,6 +612,19 @@ def print_hops(table: dict[str, Any]) -> None:
                 f"  after the load: {tracked:,} objects tracked, {frozen:,} frozen;"
                 f" unreachable: {garbage or 'none'}"
             )
+    _print_stalls(table)
+
+
+def _print_stalls(table: dict[str, Any]) -> None:
+    for role, stalls in table.get("loop_stalls", {}).items():
+        total = sum(length for length, _ in stalls)
+        print(
+            f"event loop stalls over {STALL_SECONDS * 1000:g} ms in the {role}: {len(stalls)}"
+            f" ({total:.0f} ms); the longest, with where the main thread was at"
+            f" {STALL_SECONDS * 1000:g} ms:"
+        )
+        for length, where in stalls[:6]:
+            print(f"  {length:>7} ms  {where}")
 
 
 def _print_table(
