@@ -248,6 +248,24 @@ class Bench:
             received[pks[run_id]] = dict(zip(result["sequences"], result["received"], strict=True))
         return hop_table(self.hops_dir, received, set(pks.values()))
 
+    async def busiest_backends(
+        self, before: dict[int, float], after: dict[int, float], elapsed: float
+    ) -> list[tuple[float, str]]:
+        """The four busiest backends of the bench's database over a load: cores, and the
+        start of the statement each ran last (which connection it is)."""
+        used = sorted(
+            ((cpu - before.get(pid, 0.0), pid) for pid, cpu in after.items()), reverse=True
+        )[:4]
+        assert self.server_pool is not None
+        last = dict(
+            await self.server_pool.fetch(
+                "SELECT pid, left(regexp_replace(query, '\\s+', ' ', 'g'), 40)"
+                " FROM pg_stat_activity WHERE pid = ANY($1)",
+                [pid for _, pid in used],
+            )
+        )
+        return [(round(cpu / elapsed, 3), last.get(pid, "?")) for cpu, pid in used if cpu > 0]
+
     async def batches(self, run_ids: list[str]) -> int:
         """The append requests (batches) the writers of these runs made: their receipts."""
         assert self.server_pool is not None
@@ -378,6 +396,8 @@ class Bench:
             # The backends connected to the bench's database (bench/pg_cpu.py), when this
             # user can read their /proc entries.
             "postgres_cores": round(postgres / elapsed, 3),
+            # Each backend's share, busiest first, with what it ran last.
+            "postgres_backend_cores": await self.busiest_backends(postgres0, postgres1, elapsed),
             "postgres_us_per_record": round(postgres / records * 1e6, 1),
             "machine_busy_cores": round((machine1 - machine0) / elapsed, 2),
             "wall_s": round(elapsed, 2),
@@ -569,6 +589,12 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
             f"{row['worker_cores']:>14}{row['worker_us_per_record']:>8}"
             f"{row['postgres_cores']:>10}{row['postgres_us_per_record']:>8}"
             f"{row['machine_busy_cores']:>9}{row['received']:>10}{row['streams_in_order_without_repeats']:>10}"
+        )
+    for path, row in result["concurrent"].items():
+        backends = "; ".join(f"{cores} ({query})" for cores, query in row["postgres_backend_cores"])
+        print(
+            f"{path}: followers {row['followers_cores']} cores; Postgres backends,"
+            f" busiest first: {backends or '-'}"
         )
     activity = result["concurrent"].get("activity")
     if activity and activity.get("append_requests"):
