@@ -252,7 +252,8 @@ class Bench:
         self, before: dict[int, float], after: dict[int, float], elapsed: float
     ) -> list[tuple[float, str]]:
         """The four busiest backends of the bench's database over a load: cores, and the
-        start of the statement each ran last (which connection it is)."""
+        start of the statement each ran last (a pooled connection may have run others
+        before it: the appender's held connection goes back to the pool when idle)."""
         used = sorted(
             ((cpu - before.get(pid, 0.0), pid) for pid, cpu in after.items()), reverse=True
         )[:4]
