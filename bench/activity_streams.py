@@ -253,7 +253,7 @@ class Bench:
     ) -> list[tuple[float, str]]:
         """The four busiest backends of the bench's database over a load: cores, and the
         start of the statement each ran last (a pooled connection may have run others
-        before it: the appender's held connection goes back to the pool when idle)."""
+        before it: the appender's statements move between two of them)."""
         used = sorted(
             ((cpu - before.get(pid, 0.0), pid) for pid, cpu in after.items()), reverse=True
         )[:4]
