@@ -99,28 +99,29 @@ def _watch_stalls() -> None:
     import traceback
 
     last = [time.monotonic()]
+    noted: list[bool] = []  # the stall under way has its note (not dumped with the notes)
     main = threading.main_thread().ident
 
     def tick(loop: asyncio.AbstractEventLoop) -> None:
         now = time.monotonic()
         gap = now - last[0]
-        if gap > STALL_SECONDS + STALL_TICK and _notes["stall_open"]:
+        if gap > STALL_SECONDS + STALL_TICK and noted:
             _notes["stalls"][-1][1] = gap  # the stall's length, once it ended
-        _notes["stall_open"].clear()
+        noted.clear()
         last[0] = now
         loop.call_later(STALL_TICK, tick, loop)
 
     def watch() -> None:
         while True:
             time.sleep(0.003)
-            if time.monotonic() - last[0] > STALL_SECONDS and not _notes["stall_open"]:
+            if time.monotonic() - last[0] > STALL_SECONDS and not noted:
                 frame = sys._current_frames().get(main or 0)
                 stack = traceback.extract_stack(frame)[-8:] if frame is not None else []
                 where = " <- ".join(
                     f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in reversed(stack)
                 )
                 _notes["stalls"].append([time.time(), None, where])
-                _notes["stall_open"].append(True)
+                noted.append(True)
 
     original_run = asyncio.BaseEventLoop.run_forever
 
