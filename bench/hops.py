@@ -420,7 +420,7 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     def pick(q: float) -> float:
         return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 2)
 
-    return {"n": len(ordered), "p50_ms": pick(0.5), "p99_ms": pick(0.99)}
+    return {"n": len(ordered), "p50_ms": pick(0.5), "p90_ms": pick(0.9), "p99_ms": pick(0.99)}
 
 
 def load(directory: Path) -> tuple[dict[str, list[Any]], dict[str, list[Any]]]:
@@ -537,6 +537,7 @@ def hop_table(
         in_slow = sorted((t[end] - t[start]) * 1000 for t in slow if start in t and end in t)
         if in_slow:
             table[label]["slowest_1pc_p50_ms"] = round(in_slow[len(in_slow) // 2], 2)
+    table["late_windows"] = late_windows(per)
     fed = sum(1 for t in per.values() if "fan_out" in t and "read_end" not in t)
     made = [t["made"] for t in per.values() if "made" in t]
     if made:
@@ -572,6 +573,59 @@ def hop_table(
         1 for t in per.values() if t.get("wake_start") == t["returned"]
     )
     return table
+
+
+# A record later than this (made -> client) is "late": the issue's p99 target.
+LATE_SECONDS = 0.020
+# Late records are grouped by the window of made time they fall in.
+LATE_WINDOW_SECONDS = 0.1
+
+
+def late_windows(per: dict[tuple[int, int], dict[str, float]]) -> dict[str, Any]:
+    """Whether the late records come together (a stall of everything) or one by one:
+    how many there are, in how many windows of made time, and the worst windows, each
+    with its late records, their longest total and the hop that took longest in it."""
+    done = [t for t in per.values() if "made" in t and "received" in t]
+    if not done:
+        return {"late": 0, "windows": 0, "worst": []}
+    start = min(t["made"] for t in done)
+    windows: dict[int, list[dict[str, float]]] = defaultdict(list)
+    for t in done:
+        if t["received"] - t["made"] > LATE_SECONDS:
+            windows[int((t["made"] - start) / LATE_WINDOW_SECONDS)].append(t)
+    worst = []
+    for index, late in sorted(windows.items(), key=lambda kv: -len(kv[1]))[:5]:
+        slowest = max(late, key=lambda t: t["received"] - t["made"])
+        hops = [
+            ((slowest[end] - slowest[begin]) * 1000, label)
+            for label, begin, end in HOPS[:-1]
+            if begin in slowest and end in slowest
+        ]
+        longest_ms, longest = max(hops) if hops else (0.0, "-")
+        worst.append(
+            {
+                "at_s": round(index * LATE_WINDOW_SECONDS, 1),
+                "late": len(late),
+                "max_ms": round((slowest["received"] - slowest["made"]) * 1000, 1),
+                "longest_hop": longest,
+                "longest_hop_ms": round(longest_ms, 1),
+            }
+        )
+    per_second: dict[int, int] = defaultdict(int)
+    for index, late in windows.items():
+        per_second[int(index * LATE_WINDOW_SECONDS)] += len(late)
+    seconds = int(max(t["made"] for t in done) - start) + 1
+    # The same totals without the load's first second (start-up: first statements on
+    # fresh connections, every writer's first batch at once).
+    after_first = [(t["received"] - t["made"]) * 1000 for t in done if t["made"] - start >= 1.0]
+    return {
+        "after_first_second": _percentiles(after_first),
+        "per_second": [per_second.get(second, 0) for second in range(seconds)],
+        "late": sum(len(v) for v in windows.values()),
+        "windows": len(windows),
+        "of_windows": int((max(t["made"] for t in done) - start) / LATE_WINDOW_SECONDS) + 1,
+        "worst": worst,
+    }
 
 
 def gc_pauses(notes: list[Any], window: tuple[float, float]) -> dict[str, Any]:
@@ -614,6 +668,29 @@ def print_hops(table: dict[str, Any]) -> None:
                 f" unreachable: {garbage or 'none'}"
             )
     _print_stalls(table)
+    _print_late(table)
+
+
+def _print_late(table: dict[str, Any]) -> None:
+    late = table.get("late_windows")
+    if not late or not late["late"]:
+        return
+    print(
+        f"records over {LATE_SECONDS * 1000:g} ms: {late['late']}, made in {late['windows']}"
+        f" of {late['of_windows']} windows of {LATE_WINDOW_SECONDS * 1000:g} ms;"
+        f" per second of the load: {late['per_second']}; the worst windows:"
+    )
+    rest = late["after_first_second"]
+    if rest["n"]:
+        print(
+            f"  made -> client from the load's second second on: p50 {rest['p50_ms']} ms,"
+            f" p90 {rest['p90_ms']} ms, p99 {rest['p99_ms']} ms ({rest['n']} records)"
+        )
+    for w in late["worst"]:
+        print(
+            f"  at {w['at_s']:>5} s: {w['late']:>4} late, up to {w['max_ms']} ms;"
+            f" its slowest record's longest hop: {w['longest_hop']} ({w['longest_hop_ms']} ms)"
+        )
 
 
 def _print_stalls(table: dict[str, Any]) -> None:
@@ -632,11 +709,14 @@ def _print_table(
     table: dict[str, Any], hops: tuple[tuple[str, str, str], ...], counts: tuple[str, ...]
 ) -> None:
     """Each hop's p50/p99 and count, then the named counts."""
-    print(f"{'hop':<52}{'p50 ms':>10}{'p99 ms':>10}{'n':>8}{'slowest 1%: p50 ms':>20}")
+    print(
+        f"{'hop':<52}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}{'n':>8}{'slowest 1%: p50 ms':>20}"
+    )
     for label, _, _ in hops:
         row = table[label]
         print(
-            f"{label:<52}{row.get('p50_ms', '-'):>10}{row.get('p99_ms', '-'):>10}{row['n']:>8}"
+            f"{label:<52}{row.get('p50_ms', '-'):>10}{row.get('p90_ms', '-'):>10}"
+            f"{row.get('p99_ms', '-'):>10}{row['n']:>8}"
             f"{row.get('slowest_1pc_p50_ms', '-'):>20}"
         )
     for key in counts:
