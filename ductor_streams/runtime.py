@@ -50,6 +50,7 @@ async def open_runtime(
         dsn,
         min_size=settings.pool_min_size if pool_min_size is None else pool_min_size,
         max_size=settings.pool_max_size,
+        warm=True,
     )
     metrics.track_pool(name, pool)
     hub = NotificationHub(dsn)

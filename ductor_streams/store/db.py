@@ -5,13 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from types import TracebackType
 
 import asyncpg
 
 from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
 from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsError
+from ductor_streams.store.warm import warm_connection
 
 # A new connection that takes longer than this counts as the database being unreachable
 # (asyncpg's own default is 60 s: a request would hang that long in a network partition).
@@ -28,16 +29,21 @@ async def _reset(conn: asyncpg.Connection) -> None:
         await conn.execute("ROLLBACK")
 
 
-async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asyncpg.Pool:
+async def create_pool(
+    dsn: str, *, min_size: int = 2, max_size: int = 10, warm: bool = False
+) -> asyncpg.Pool:
     """A pool for the store. Connections are cheap to release (see ``_reset``).
+    ``warm``: each new connection runs the append statements once before it serves
+    (store/warm.py), as the store's own pool does.
 
     When the database cannot be reached at start (a managed database in maintenance, a
     failover under way, the database container still starting), the pool starts empty
     instead of failing: requests answer 503 ``database_unavailable`` and ``/readyz`` 503
     until it answers, and then connections open as requests need them.
     """
+    init = warm_connection if warm else None
     try:
-        pool = await _open_pool(dsn, min_size, max_size)
+        pool = await _open_pool(dsn, min_size, max_size, init)
     except Exception as exc:
         if not database_unavailable(exc) or min_size == 0:
             raise
@@ -45,17 +51,23 @@ async def create_pool(dsn: str, *, min_size: int = 2, max_size: int = 10) -> asy
             "database unavailable at start; connecting on demand",
             extra={"error_type": type(exc).__name__},
         )
-        pool = await _open_pool(dsn, 0, max_size)
+        pool = await _open_pool(dsn, 0, max_size, init)
     _POOLS[:] = [p for p in _POOLS if not p.is_closing()]
     _POOLS.append(pool)
     return pool
 
 
-async def _open_pool(dsn: str, min_size: int, max_size: int) -> asyncpg.Pool:
+async def _open_pool(
+    dsn: str,
+    min_size: int,
+    max_size: int,
+    init: Callable[[asyncpg.Connection], Awaitable[None]] | None,
+) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(
         dsn,
         min_size=min_size,
         max_size=max_size,
+        init=init,
         reset=_reset,
         max_inactive_connection_lifetime=60.0,
         command_timeout=60.0,
