@@ -79,7 +79,7 @@ from bench.environment import (
     process_cpu_seconds,
 )
 from bench.hops import ENV as HOPS_ENV
-from bench.hops import hop_table, print_hops
+from bench.hops import LOAD_STREAMS, hop_table, print_hops
 from bench.pg_cpu import backends_of
 from ductor_streams.config import Settings
 from ductor_streams.schema.migrate import migrate
@@ -246,7 +246,11 @@ class Bench:
         received: dict[int, dict[int, float]] = {}
         for run_id, result in zip(run_ids, self.last_results, strict=True):
             received[pks[run_id]] = dict(zip(result["sequences"], result["received"], strict=True))
-        return hop_table(self.hops_dir, received, set(pks.values()))
+        table = hop_table(self.hops_dir, received, set(pks.values()))
+        # For `python -m bench.hops statements`: which streams were this load's.
+        (self.hops_dir / LOAD_STREAMS).write_text(json.dumps(sorted(pks.values())))
+        table["notes"] = str(self.hops_dir)
+        return table
 
     async def busiest_backends(
         self, before: dict[int, float], after: dict[int, float], elapsed: float
@@ -609,6 +613,10 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
     if hops:
         print(f"\nwhere an activity's record's time goes ({args.streams} streams, bench/hops.py)")
         print_hops(hops)
+        print(
+            f"the notes are kept in {hops['notes']}: `python -m bench.hops statements"
+            f" {hops['notes']} [FROM_MS TO_MS]` lists the append statements"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:

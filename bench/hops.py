@@ -731,5 +731,55 @@ def serve_main() -> None:
     sys.exit(main(sys.argv[1:]))
 
 
+# The stream_pks of the load whose notes a hops directory keeps (JSON), beside the notes.
+LOAD_STREAMS = "load-streams.txt"
+
+
+def statement_lines(
+    worker: dict[str, list[Any]], start_ms: float, end_ms: float, streams: set[int] | None
+) -> list[str]:
+    """The worker's append statements sent between ``start_ms`` and ``end_ms`` after the
+    load's first record was made (the load: the batches of ``streams``, or all): when
+    each was sent, its transaction's start and its answer after that, its streams'
+    groups, and the oldest record it carried and the first submit, all in ms from the
+    first record made."""
+    batches = [b for b in worker.get("batches", []) if streams is None or b["pk"] in streams]
+    made = [m for batch in batches for m in batch["made"] if m is not None]
+    if not made:
+        return []
+    origin = min(made)
+    statements: dict[float, list[dict[str, Any]]] = defaultdict(list)
+    for batch in batches:
+        statements[batch["sent"]].append(batch)
+    lines = []
+    for sent, group in sorted(statements.items()):
+        if not start_ms <= (sent - origin) * 1000 <= end_ms:
+            continue
+        oldest = min((m for b in group for m in b["made"] if m is not None), default=sent)
+        lines.append(
+            f"sent {(sent - origin) * 1000:8.1f}  begun +{(group[0]['begun'] - sent) * 1000:5.1f}"
+            f"  answered +{(max(b['returned'] for b in group) - group[0]['begun']) * 1000:5.1f}"
+            f"  groups {len(group):3}  oldest record made {(oldest - origin) * 1000:8.1f}"
+            f"  first submit {(min(b['submit'] for b in group) - origin) * 1000:8.1f}"
+        )
+    return lines
+
+
+def statements_main(argv: list[str]) -> None:
+    """``python -m bench.hops statements DIR [FROM_MS TO_MS]``: the append statements of
+    a ``--hops`` run whose notes are in DIR (``bench.activity_streams`` prints it),
+    by default those of the load's first 300 ms."""
+    directory = Path(argv[0])
+    start_ms, end_ms = (float(argv[1]), float(argv[2])) if len(argv) >= 3 else (0.0, 300.0)
+    worker, _ = load(directory)
+    listed = directory / LOAD_STREAMS
+    streams = set(json.loads(listed.read_text())) if listed.exists() else None
+    for line in statement_lines(worker, start_ms, end_ms, streams):
+        print(line)
+
+
 if __name__ == "__main__":
-    serve_main()
+    if sys.argv[1:2] == ["statements"]:
+        statements_main(sys.argv[2:])
+    else:
+        serve_main()
