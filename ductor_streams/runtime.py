@@ -42,9 +42,15 @@ class Runtime:
 
 @contextlib.asynccontextmanager
 async def open_runtime(
-    settings: Settings, *, name: str, pool_min_size: int | None = None
+    settings: Settings,
+    *,
+    name: str,
+    pool_min_size: int | None = None,
+    listen_on_demand: bool = False,
 ) -> AsyncIterator[Runtime]:
-    """Open a ``Runtime`` from the settings; ``name`` labels the pool's metrics."""
+    """Open a ``Runtime`` from the settings; ``name`` labels the pool's metrics.
+    ``listen_on_demand``: the hub LISTENs only while something in the process watches
+    (live/hub.py), as a Temporal worker's does."""
     dsn = settings.require_database()
     pool = await create_pool(
         dsn,
@@ -53,7 +59,7 @@ async def open_runtime(
         warm=True,
     )
     metrics.track_pool(name, pool)
-    hub = NotificationHub(dsn)
+    hub = NotificationHub(dsn, listen_on_demand=listen_on_demand)
     followers: Followers | None = None
     try:
         await hub.start()

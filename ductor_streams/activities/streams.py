@@ -75,6 +75,9 @@ class StreamsActivities:
                 self._settings,
                 name="activities",
                 pool_min_size=min(1, self._settings.pool_min_size),
+                # Its activities wait for wakes only now and then (a reader, a credit
+                # wait): it need not take every wake of the deployment meanwhile.
+                listen_on_demand=True,
             ) as runtime:
                 self._runtime = runtime
                 try:

@@ -10,6 +10,15 @@ A wake of kind ``R`` also carries the records it announces (live/record_wakes.py
 they are handed to the stream's record watchers (its follower) before its wake.
 When the LISTEN connection drops, the hub reconnects and wakes every watcher, because
 notifications sent while it was away are lost.
+
+A hub made with ``listen_on_demand`` (a Temporal worker's, whose activities rarely wait
+for a wake) keeps its connection but LISTENs only while someone watches, and for
+``LISTEN_LINGER_SECONDS`` after the last watcher left. Otherwise such a worker would
+take every wake of the whole deployment, one per append statement and stream: at 100
+streaming activities about 5,000 a second, each decoded by the worker and sent to it
+by a Postgres backend of its own (bench/README.md, "Workers LISTEN on demand"). A
+watcher that arrives while nobody listens is woken, as after a reconnect, once the
+LISTEN is in place: what committed before that was not announced to it.
 """
 
 from __future__ import annotations
@@ -35,6 +44,9 @@ log = logging.getLogger(__name__)
 # Reconnect attempts back off up to this many seconds apart: after a Postgres restart
 # the hub is back (and its followers re-read) at most about this long after Postgres.
 MAX_RECONNECT_DELAY = 1.0
+# A hub that listens on demand UNLISTENs once nobody has watched for this long (watches
+# that come and go, one per append of a writer that credit may refuse, keep it on).
+LISTEN_LINGER_SECONDS = 30.0
 
 StreamWakeCallback = Callable[[int, int | None], None]
 """``callback(stream_pk, latest)``: ``latest`` is the sequence a record wake says is
@@ -52,8 +64,18 @@ class NotificationHub:
         *,
         reconnect_delay: float = 0.2,
         max_reconnect_delay: float = MAX_RECONNECT_DELAY,
+        listen_on_demand: bool = False,
+        listen_linger: float = LISTEN_LINGER_SECONDS,
     ) -> None:
         self._dsn = dsn
+        self._on_demand = listen_on_demand
+        self._linger = listen_linger
+        # Whether the connection LISTENs now (always, unless on demand), and the task
+        # that brings that in line with the watchers (one at a time on the connection).
+        self._listening = False
+        self._settle_task: asyncio.Task[None] | None = None
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self.listens = 0  # LISTENs taken up on demand (tests read it)
         self._reconnect_delay = reconnect_delay
         self._max_reconnect_delay = max_reconnect_delay
         self._conn: asyncpg.Connection | None = None
@@ -81,6 +103,12 @@ class NotificationHub:
 
     async def close(self) -> None:
         self._closed = True
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+        if self._settle_task is not None:
+            self._settle_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._settle_task
         if self._reconnect_task is not None:
             self._reconnect_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -95,6 +123,16 @@ class NotificationHub:
         return self._conn is not None and not self._conn.is_closed()
 
     @property
+    def on_demand(self) -> bool:
+        """Whether the hub LISTENs only while watched (``listen_on_demand``)."""
+        return self._on_demand
+
+    @property
+    def listening(self) -> bool:
+        """Whether the connection LISTENs now (always so unless ``listen_on_demand``)."""
+        return self.connected and self._listening
+
+    @property
     def backend_pid(self) -> int | None:
         """The server process of the LISTEN connection (tests terminate it)."""
         return self._conn.get_server_pid() if self._conn is not None else None
@@ -103,6 +141,7 @@ class NotificationHub:
         """Call ``callback(stream_pk, latest)`` on every wake of the stream; returns the
         undo."""
         self._watchers.setdefault(stream_pk, set()).add(callback)
+        self._watched()
 
         def unsubscribe() -> None:
             callbacks = self._watchers.get(stream_pk)
@@ -110,6 +149,7 @@ class NotificationHub:
                 callbacks.discard(callback)
                 if not callbacks:
                     del self._watchers[stream_pk]
+            self._unwatched()
 
         return unsubscribe
 
@@ -117,6 +157,7 @@ class NotificationHub:
         """Call ``callback(records)`` with the records a wake of the stream carries,
         before the wake's own callbacks; returns the undo."""
         self._record_watchers.setdefault(stream_pk, set()).add(callback)
+        self._watched()
 
         def unsubscribe() -> None:
             callbacks = self._record_watchers.get(stream_pk)
@@ -124,6 +165,7 @@ class NotificationHub:
                 callbacks.discard(callback)
                 if not callbacks:
                     del self._record_watchers[stream_pk]
+            self._unwatched()
 
         return unsubscribe
 
@@ -135,9 +177,11 @@ class NotificationHub:
         ``callback(0, None)`` after a reconnect (anything may have happened); returns the
         undo."""
         self._any_watchers[callback] = frozenset(kinds) if kinds is not None else None
+        self._watched()
 
         def unsubscribe() -> None:
             self._any_watchers.pop(callback, None)
+            self._unwatched()
 
         return unsubscribe
 
@@ -154,6 +198,64 @@ class NotificationHub:
             yield event
         finally:
             undo()
+
+    # -- LISTEN on demand (the module docstring) --------------------------------------------
+
+    def _has_watchers(self) -> bool:
+        return bool(self._watchers or self._any_watchers or self._record_watchers)
+
+    def _watched(self) -> None:
+        if not self._on_demand:
+            return
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
+            self._linger_timer = None
+        if not self._listening:
+            self._settle()
+
+    def _unwatched(self) -> None:
+        if not self._on_demand or self._has_watchers() or self._closed:
+            return
+        if self._linger_timer is None:
+            # Listening (or about to) goes on for a while: the next watcher may be near.
+            self._linger_timer = asyncio.get_running_loop().call_later(
+                self._linger, self._linger_over
+            )
+
+    def _linger_over(self) -> None:
+        self._linger_timer = None
+        if not self._has_watchers():
+            self._settle()
+
+    def _settle(self) -> None:
+        """Start bringing LISTEN in line with the watchers, unless that is under way."""
+        if self._closed or (self._settle_task is not None and not self._settle_task.done()):
+            return
+        self._settle_task = asyncio.get_running_loop().create_task(self._settle_listen())
+
+    async def _settle_listen(self) -> None:
+        # One statement at a time on the connection: loop until the state holds still.
+        while not self._closed:
+            conn = self._conn
+            if conn is None or conn.is_closed():
+                return  # the reconnect LISTENs as the watchers then want
+            want = self._has_watchers() or self._linger_timer is not None
+            if want == self._listening:
+                return
+            try:
+                if want:
+                    await conn.add_listener(CHANNEL, self._on_notify)
+                    self._listening = True
+                    self.listens += 1
+                    # What committed before the LISTEN was announced to nobody here.
+                    self._wake_all()
+                else:
+                    await conn.remove_listener(CHANNEL, self._on_notify)
+                    self._listening = False
+            except Exception as exc:
+                # The connection is going: its termination listener reconnects.
+                log.warning("LISTEN change failed: %s", type(exc).__name__)
+                return
 
     def _wake(self, stream_pk: int, latest: int | None = None, kind: str = "") -> None:
         # A broken watcher must not starve the others.
@@ -194,21 +296,27 @@ class NotificationHub:
         if conn is not self._conn:
             return  # a connection that never finished starting (see _connect)
         self._conn = None
+        self._listening = False
         if not self._closed and (self._reconnect_task is None or self._reconnect_task.done()):
             log.warning("LISTEN connection lost; reconnecting")
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _connect(self) -> None:
         conn = await asyncpg.connect(self._dsn, timeout=DATABASE_CONNECT_TIMEOUT_SECONDS)
+        listen = not self._on_demand or self._has_watchers()
         try:
-            await conn.add_listener(CHANNEL, self._on_notify)
+            if listen:
+                await conn.add_listener(CHANNEL, self._on_notify)
         except BaseException:
             conn.terminate()  # e.g. Postgres went away again between the two
             raise
+        self._listening = listen
         conn.add_termination_listener(self._on_terminated)
         if conn.is_closed():  # lost before the termination listener was there to notice
             raise asyncpg.exceptions.ConnectionDoesNotExistError("lost while it started")
         self._conn = conn
+        if self._on_demand and self._has_watchers() != listen:
+            self._settle()  # watchers came or went while it connected
 
     async def _reconnect(self) -> None:
         delay = self._reconnect_delay

@@ -82,3 +82,106 @@ async def test_a_watcher_of_some_kinds_hears_only_those_and_every_reconnect(
         undo_due()
         undo_every()
         await hub.close()
+
+
+# -- LISTEN on demand (a Temporal worker's hub) ---------------------------------------------
+
+
+async def channels_of(hub: NotificationHub) -> int:
+    """How many channels the hub's own backend LISTENs to (asked on its connection)."""
+    conn = hub._conn
+    assert conn is not None
+    count: int = await conn.fetchval("SELECT count(*) FROM pg_listening_channels()")
+    return count
+
+
+async def settled(hub: NotificationHub) -> None:
+    """Wait until the hub's LISTEN change under way (if any) is done."""
+    task = hub._settle_task
+    if task is not None:
+        await asyncio.wait_for(asyncio.shield(task), 5)
+
+
+async def test_an_on_demand_hub_listens_only_while_watched(
+    database_url: str, pool: asyncpg.Pool
+) -> None:
+    hub = NotificationHub(database_url, listen_on_demand=True, listen_linger=0.2)
+    await hub.start()
+    heard: list[tuple[int, int | None]] = []
+    try:
+        assert hub.connected and not hub.listening
+        assert await channels_of(hub) == 0
+        undo = hub.subscribe(9_000_011, lambda pk, latest: heard.append((pk, latest)))
+        # Sent before the LISTEN is in place: not announced to the hub, so once it
+        # listens every watcher is woken as after a reconnect, and re-reads.
+        await pool.execute("SELECT pg_notify('workflow_streams', 'r9000011:1')")
+        await eventually(lambda: hub.listening, what="the LISTEN")
+        await settled(hub)
+        assert heard == [(9_000_011, None)]
+        assert await channels_of(hub) == 1
+        await pool.execute("SELECT pg_notify('workflow_streams', 'r9000011:2')")
+        await eventually(lambda: (9_000_011, 2) in heard, what="a wake while listening")
+        undo()
+        # Still listening for the linger, then not.
+        assert hub.listening
+        await eventually(lambda: not hub.listening, what="the UNLISTEN")
+        await settled(hub)
+        assert await channels_of(hub) == 0
+        assert hub.listens == 1
+    finally:
+        await hub.close()
+
+
+async def test_watches_that_come_and_go_within_the_linger_keep_one_listen(
+    database_url: str, pool: asyncpg.Pool
+) -> None:
+    # As a writer's credit watch does around each append: one LISTEN, not one each.
+    hub = NotificationHub(database_url, listen_on_demand=True, listen_linger=5.0)
+    await hub.start()
+    try:
+        for n in range(5):
+            with hub.watch(9_000_012) as event:
+                await pool.execute("SELECT pg_notify('workflow_streams', $1)", f"r9000012:{n}")
+                await asyncio.wait_for(event.wait(), 5)
+        await settled(hub)
+        assert hub.listening and hub.listens == 1
+        assert await channels_of(hub) == 1
+    finally:
+        await hub.close()
+
+
+async def test_an_on_demand_hub_reconnects_listening_only_if_watched(
+    database_url: str, pool: asyncpg.Pool
+) -> None:
+    hub = NotificationHub(database_url, listen_on_demand=True, listen_linger=0.1)
+    await hub.start()
+    heard: list[int] = []
+    try:
+        pid = hub.backend_pid
+        assert await pool.fetchval("SELECT pg_terminate_backend($1)", pid)
+        await eventually(lambda: hub.reconnects == 1 and hub.connected, what="the reconnect")
+        assert not hub.listening and await channels_of(hub) == 0
+        undo = hub.subscribe(9_000_013, lambda pk, _latest: heard.append(pk))
+        await eventually(lambda: hub.listening, what="the LISTEN")
+        await settled(hub)
+        heard.clear()
+        pid = hub.backend_pid
+        assert await pool.fetchval("SELECT pg_terminate_backend($1)", pid)
+        # Reconnected while watched: it listens again, and the watcher re-reads.
+        await eventually(lambda: hub.reconnects == 2 and hub.listening, what="the relisten")
+        await eventually(lambda: heard == [9_000_013], what="the reconnect's wake")
+        await pool.execute("SELECT pg_notify('workflow_streams', 'r9000013:7')")
+        await eventually(lambda: heard == [9_000_013, 9_000_013], what="a wake after it")
+        undo()
+    finally:
+        await hub.close()
+
+
+async def test_a_hub_not_on_demand_listens_from_the_start(database_url: str) -> None:
+    hub = NotificationHub(database_url)
+    await hub.start()
+    try:
+        assert hub.listening and not hub.on_demand
+        assert await channels_of(hub) == 1
+    finally:
+        await hub.close()

@@ -307,6 +307,25 @@ async def test_a_writer_watches_for_acks_only_where_credit_can_refuse(
         assert [p for _, p in records] == [{"token": i, "attempt": 1} for i in range(12)]
 
 
+async def test_a_plugin_workers_hub_listens_on_demand(
+    wf_client: Client,
+    make_worker: WorkerFactory,
+    task_queue: str,
+    run_id: str,
+    plugin: StreamsPlugin,
+) -> None:
+    # Its activities wait for wakes only now and then: it LISTENs only meanwhile
+    # (live/hub.py; tests/live/test_hub.py has the behaviour, and
+    # test_reader_gets_http_input_live_and_resumes_after_a_killed_worker a reader
+    # woken through it in a worker process of its own).
+    async with make_worker([TokensWorkflow], activities=[write_tokens]):
+        result = await wf_client.execute_workflow(
+            TokensWorkflow.run, TokensInput(tokens=3), id=run_id, task_queue=task_queue
+        )
+        assert result.last_sequence == 3
+        assert plugin.streams_activities.runtime.hub.on_demand
+
+
 def activity_failure(exc: WorkflowFailureError) -> ApplicationError:
     """The ApplicationError that failed the workflow's activity."""
     assert isinstance(exc.cause, ActivityError), exc.cause
