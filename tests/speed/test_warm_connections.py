@@ -91,3 +91,17 @@ async def test_appends_through_a_warmed_pool_answer_as_before(database_url: str)
         assert [(r.first_sequence, r.last_sequence) for r in results] == [(1, 1), (2, 2), (3, 3)]
     finally:
         await pool.close()
+
+
+async def test_the_warming_statements_take_no_transaction_id(database_url: str) -> None:
+    # Nothing written: Postgres gives a transaction an id only at its first write, so
+    # the warming commits no WAL record and waits for no flush.
+    conn = await asyncpg.connect(database_url)
+    try:
+        async with conn.transaction():
+            for name, args in WARM_STATEMENTS:
+                rows = await conn.fetch(QUERIES[name], *args)
+                assert [row["outcome"] for row in rows] == ["not_found"], name
+            assert await conn.fetchval("SELECT txid_current_if_assigned()") is None
+    finally:
+        await conn.close()
