@@ -99,6 +99,19 @@ async def test_the_listen_echo_of_a_local_append_wakes_nobody(pool: asyncpg.Pool
     assert dispatcher.wakes == 7
 
 
+async def drained(hub: NotificationHub, pool: asyncpg.Pool) -> None:
+    """Wait until every wake sent so far has reached the session's hub: a marker sent
+    now comes after them on its one connection."""
+    marker = 987_654_321  # a close wake of a stream that does not exist
+    heard: list[int] = []
+    undo = hub.subscribe_any(lambda pk, _latest: heard.append(pk))
+    try:
+        await pool.execute("SELECT pg_notify('workflow_streams', $1)", f"c{marker}")
+        await eventually(lambda: marker in heard, what="the marker wake")
+    finally:
+        undo()
+
+
 async def test_an_ack_or_a_close_of_an_input_stream_sets_off_no_claim(
     pool: asyncpg.Pool, hub: NotificationHub
 ) -> None:
@@ -107,6 +120,7 @@ async def test_an_ack_or_a_close_of_an_input_stream_sets_off_no_claim(
     store = Store(pool)  # no local wakes: every wake comes through LISTEN
     dispatcher = _Dispatcher()
     wakes = _InputWakes(pool, dispatcher, "tenant-a")
+    await drained(hub, pool)  # no wake of an earlier test's stream comes in late
     undo = hub.subscribe_any(wakes, kinds=DUE_WAKES)
     try:
         ref = await make_stream(
