@@ -111,10 +111,11 @@ async def test_an_on_demand_hub_listens_only_while_watched(
     try:
         assert hub.connected and not hub.listening
         assert await channels_of(hub) == 0
-        undo = hub.subscribe(9_000_011, lambda pk, latest: heard.append((pk, latest)))
-        # Sent before the LISTEN is in place: not announced to the hub, so once it
-        # listens every watcher is woken as after a reconnect, and re-reads.
+        # Committed while the hub does not listen (as a commit between a watcher's
+        # subscribe and the LISTEN taking effect would be): never announced to it, so
+        # once it listens every watcher is woken as after a reconnect, and re-reads.
         await pool.execute("SELECT pg_notify('workflow_streams', 'r9000011:1')")
+        undo = hub.subscribe(9_000_011, lambda pk, latest: heard.append((pk, latest)))
         await eventually(lambda: hub.listening, what="the LISTEN")
         await settled(hub)
         assert heard == [(9_000_011, None)]
