@@ -6,6 +6,9 @@ migration 0012); per-stream watchers get it, everything else gets None."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
 
 import asyncpg
 import pytest
@@ -102,13 +105,22 @@ async def settled(hub: NotificationHub) -> None:
         await asyncio.wait_for(asyncio.shield(task), 5)
 
 
+@contextlib.asynccontextmanager
+async def started_hub(database_url: str, **options: Any) -> AsyncIterator[NotificationHub]:
+    """A hub of its own, started, closed afterwards."""
+    hub = NotificationHub(database_url, **options)
+    await hub.start()
+    try:
+        yield hub
+    finally:
+        await hub.close()
+
+
 async def test_an_on_demand_hub_listens_only_while_watched(
     database_url: str, pool: asyncpg.Pool
 ) -> None:
-    hub = NotificationHub(database_url, listen_on_demand=True, listen_linger=0.2)
-    await hub.start()
     heard: list[tuple[int, int | None]] = []
-    try:
+    async with started_hub(database_url, listen_on_demand=True, listen_linger=0.2) as hub:
         assert hub.connected and not hub.listening
         assert await channels_of(hub) == 0
         # Committed while the hub does not listen (as a commit between a watcher's
@@ -129,17 +141,13 @@ async def test_an_on_demand_hub_listens_only_while_watched(
         await settled(hub)
         assert await channels_of(hub) == 0
         assert hub.listens == 1
-    finally:
-        await hub.close()
 
 
 async def test_watches_that_come_and_go_within_the_linger_keep_one_listen(
     database_url: str, pool: asyncpg.Pool
 ) -> None:
     # As a writer's credit watch does around each append: one LISTEN, not one each.
-    hub = NotificationHub(database_url, listen_on_demand=True, listen_linger=5.0)
-    await hub.start()
-    try:
+    async with started_hub(database_url, listen_on_demand=True, listen_linger=5.0) as hub:
         for n in range(5):
             with hub.watch(9_000_012) as event:
                 await pool.execute("SELECT pg_notify('workflow_streams', $1)", f"r9000012:{n}")
@@ -147,17 +155,13 @@ async def test_watches_that_come_and_go_within_the_linger_keep_one_listen(
         await settled(hub)
         assert hub.listening and hub.listens == 1
         assert await channels_of(hub) == 1
-    finally:
-        await hub.close()
 
 
 async def test_an_on_demand_hub_reconnects_listening_only_if_watched(
     database_url: str, pool: asyncpg.Pool
 ) -> None:
-    hub = NotificationHub(database_url, listen_on_demand=True, listen_linger=0.1)
-    await hub.start()
     heard: list[int] = []
-    try:
+    async with started_hub(database_url, listen_on_demand=True, listen_linger=0.1) as hub:
         pid = hub.backend_pid
         assert await pool.fetchval("SELECT pg_terminate_backend($1)", pid)
         await eventually(lambda: hub.reconnects == 1 and hub.connected, what="the reconnect")
@@ -174,15 +178,9 @@ async def test_an_on_demand_hub_reconnects_listening_only_if_watched(
         await pool.execute("SELECT pg_notify('workflow_streams', 'r9000013:7')")
         await eventually(lambda: heard == [9_000_013, 9_000_013], what="a wake after it")
         undo()
-    finally:
-        await hub.close()
 
 
 async def test_a_hub_not_on_demand_listens_from_the_start(database_url: str) -> None:
-    hub = NotificationHub(database_url)
-    await hub.start()
-    try:
+    async with started_hub(database_url) as hub:
         assert hub.listening and not hub.on_demand
         assert await channels_of(hub) == 1
-    finally:
-        await hub.close()
