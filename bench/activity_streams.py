@@ -10,9 +10,10 @@ Everything is real: Postgres (a fresh database on $DUCTOR_STREAMS_BENCH_DATABASE
 $DUCTOR_STREAMS_TEST_DATABASE_URL, else an embedded one), a Temporal dev server, one
 ``ductor-streams serve --no-workers`` subprocess, one worker process
 (``bench.activity_streams_worker``: the workflows and activities, with the StreamsPlugin,
-on the default event loop) and the SSE followers in a process of their own
-(``bench.sse_followers``). Each record's payload carries the wall time at which it was
-made (``t``); its latency is the follower's receive time minus ``t`` (one host clock).
+on uvloop as docs/temporal.md advises, or on asyncio's own loop with ``--worker-loop
+asyncio``) and the SSE followers in a process of their own (``bench.sse_followers``).
+Each record's payload carries the wall time at which it was made (``t``); its latency
+is the follower's receive time minus ``t`` (one host clock).
 
 1. ``single``: one producer as fast as it can, one follower.
    - ``activity``: one activity writes ``--single-tokens`` single-token records with
@@ -65,6 +66,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from bench.activity_streams_worker import LOOP_ENV as WORKER_LOOP_ENV
 from bench.activity_streams_workflows import (
     TASK_QUEUE,
     BenchTokensWorkflow,
@@ -503,7 +505,7 @@ async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, A
         temporal_address=env.client.service_client.config.target_host,
     )
     hops_dir = workdir / "hops" if args.hops else None
-    extra_env: dict[str, str] = {}
+    extra_env: dict[str, str] = {WORKER_LOOP_ENV: args.worker_loop}
     if hops_dir is not None:
         hops_dir.mkdir()
         extra_env[HOPS_ENV] = str(hops_dir)
@@ -578,7 +580,8 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
         base = single["http"]["records_per_s"]
         print(f"activity / http records/s: {single['activity']['records_per_s'] / base:.2f}")
     print(
-        f"\n{args.streams} streams x {args.rate:g} records/s ({args.phases}) for"
+        f"\n{args.streams} streams x {args.rate:g} records/s ({args.phases}, worker on"
+        f" {args.worker_loop}) for"
         f" {args.seconds:g} s, one SSE follower each"
     )
     print(
@@ -645,6 +648,13 @@ def main(argv: list[str] | None = None) -> int:
         default="aligned",
         help="the concurrent loads' token times: every stream at the same instant "
         "(aligned, a burst each period: the worst case) or spread evenly over one period",
+    )
+    parser.add_argument(
+        "--worker-loop",
+        choices=("uvloop", "asyncio"),
+        default="uvloop",
+        help="the Temporal worker's event loop: uvloop (as docs/temporal.md advises) or "
+        "asyncio's own",
     )
     parser.add_argument(
         "--repeat", type=int, default=1, help="runs of each concurrent load (median shown)"

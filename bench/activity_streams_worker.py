@@ -7,9 +7,11 @@ activities with the ``StreamsPlugin`` (settings from the environment), until kil
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from typing import Any
 
+import uvloop
 from temporalio import activity
 from temporalio.worker import Worker
 
@@ -74,7 +76,14 @@ async def main() -> None:
     await worker.run()
 
 
+# The worker's event loop (bench.activity_streams --worker-loop): uvloop, as
+# docs/temporal.md advises and `ductor-streams workers` runs, or asyncio's own.
+LOOP_ENV = "BENCH_WORKER_LOOP"
+
 if __name__ == "__main__":
     if hops.enabled():
         hops.install_worker()
-    asyncio.run(main())  # the default loop, as a worker usually runs
+    if os.environ.get(LOOP_ENV, "uvloop") == "uvloop":
+        uvloop.run(main())
+    else:
+        asyncio.run(main())

@@ -123,14 +123,19 @@ def _watch_stalls() -> None:
                 _notes["stalls"].append([time.time(), None, where])
                 noted.append(True)
 
-    original_run = asyncio.BaseEventLoop.run_forever
+    # asyncio.run, uvloop.run and uvicorn all make their loop in asyncio.Runner: the
+    # watch starts with the first loop made there, whichever kind it is.
+    original_init = asyncio.Runner._lazy_init  # type: ignore[attr-defined]
+    started: list[bool] = []
 
-    def run_forever(self: asyncio.AbstractEventLoop) -> None:
-        self.call_soon(tick, self)
-        threading.Thread(target=watch, daemon=True).start()
-        original_run(self)  # type: ignore[arg-type]
+    def lazy_init(self: asyncio.Runner) -> None:
+        original_init(self)
+        if not started:
+            started.append(True)
+            self._loop.call_soon(tick, self._loop)  # type: ignore[attr-defined]
+            threading.Thread(target=watch, daemon=True).start()
 
-    asyncio.BaseEventLoop.run_forever = run_forever  # type: ignore[method-assign]
+    asyncio.Runner._lazy_init = lazy_init  # type: ignore[attr-defined]
 
 
 def _note_collections() -> None:
@@ -618,7 +623,13 @@ def late_windows(per: dict[tuple[int, int], dict[str, float]]) -> dict[str, Any]
     # The same totals without the load's first second (start-up: first statements on
     # fresh connections, every writer's first batch at once).
     after_first = [(t["received"] - t["made"]) * 1000 for t in done if t["made"] - start >= 1.0]
+    late = [t for records in windows.values() for t in records]
     return {
+        # Which hops the late records' time went to: the first second's and the rest's.
+        "late_hops": {
+            "first_second": _hop_medians([t for t in late if t["made"] - start < 1.0]),
+            "after": _hop_medians([t for t in late if t["made"] - start >= 1.0]),
+        },
         "after_first_second": _percentiles(after_first),
         "per_second": [per_second.get(second, 0) for second in range(seconds)],
         "late": sum(len(v) for v in windows.values()),
@@ -626,6 +637,16 @@ def late_windows(per: dict[tuple[int, int], dict[str, float]]) -> dict[str, Any]
         "of_windows": int((max(t["made"] for t in done) - start) / LATE_WINDOW_SECONDS) + 1,
         "worst": worst,
     }
+
+
+def _hop_medians(records: list[dict[str, float]]) -> dict[str, Any]:
+    """How many records, and each hop's median over them (ms), longest first."""
+    medians = []
+    for label, begin, end in HOPS[:-1]:
+        spans = sorted((t[end] - t[begin]) * 1000 for t in records if begin in t and end in t)
+        if spans:
+            medians.append((round(spans[len(spans) // 2], 2), label))
+    return {"n": len(records), "hops": sorted(medians, reverse=True)}
 
 
 def gc_pauses(notes: list[Any], window: tuple[float, float]) -> dict[str, Any]:
@@ -686,6 +707,13 @@ def _print_late(table: dict[str, Any]) -> None:
             f"  made -> client from the load's second second on: p50 {rest['p50_ms']} ms,"
             f" p90 {rest['p90_ms']} ms, p99 {rest['p99_ms']} ms ({rest['n']} records)"
         )
+    for part, hops in late.get("late_hops", {}).items():
+        if hops["n"]:
+            spent = "; ".join(f"{label} {ms}" for ms, label in hops["hops"][:4])
+            print(
+                f"  late records made in the {part.replace('_', ' ')} ({hops['n']}),"
+                f" hop medians (ms), longest first: {spent}"
+            )
     for w in late["worst"]:
         print(
             f"  at {w['at_s']:>5} s: {w['late']:>4} late, up to {w['max_ms']} ms;"

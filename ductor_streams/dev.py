@@ -23,6 +23,8 @@ import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import uvloop
+
 from ductor_streams.auth import SCOPES, issue_token
 from ductor_streams.config import ConfigError, Settings
 
@@ -292,5 +294,7 @@ def run_dev(settings: Settings, *, port: int, data_dir: str) -> int:
             object_stores=dict(settings.object_stores) or {settings.region: objects.as_uri()},
         )
         with contextlib.suppress(KeyboardInterrupt):
-            asyncio.run(_serve(settings, port, ui))
+            # One process for the app, the workers and the example worker, on uvloop as
+            # `serve` and `workers` run.
+            uvloop.run(_serve(settings, port, ui))
     return 0

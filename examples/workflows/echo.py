@@ -85,6 +85,6 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    import asyncio
+    import uvloop
 
-    asyncio.run(main())
+    uvloop.run(main())
