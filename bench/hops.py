@@ -278,7 +278,7 @@ def install_server() -> None:
     Hub = hub_module.NotificationHub
     Follower = follower_module.StreamFollower
     original_notify = Hub._on_notify
-    original_fan_out = Follower._fan_out
+    original_offer = Follower._offer
 
     def on_notify(self: Any, conn: object, pid: int, channel: str, payload: str) -> None:
         wake = hub_module.parse_wake(payload)
@@ -286,10 +286,11 @@ def install_server() -> None:
             _notes["notify"].append((wake[0], wake[1], time.time()))
         original_notify(self, conn, pid, channel, payload)
 
-    async def fan_out(self: Any, batch: Any) -> None:
+    def offer(self: Any, batch: Any, subscribers: Any, lag: bool = True) -> None:
+        # Every fan-out, from the task or within a feed, hands out its first slice here.
         started = time.time()
-        await original_fan_out(self, batch)
-        if batch.records:
+        original_offer(self, batch, subscribers, lag)
+        if batch.records and lag:
             _notes["fan_out"].append(
                 (self.stream_pk, batch.records[0].sequence, batch.records[-1].sequence, started)
             )
@@ -313,7 +314,7 @@ def install_server() -> None:
         wrap_read(self)
 
     Hub._on_notify = on_notify  # type: ignore[method-assign,assignment]
-    Follower._fan_out = fan_out  # type: ignore[method-assign]
+    Follower._offer = offer  # type: ignore[method-assign]
     Follower.__init__ = follower_init  # type: ignore[method-assign]
     _install_dispatcher()
 

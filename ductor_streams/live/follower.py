@@ -28,6 +28,12 @@ come first, the wake's read goes at once instead: with this process's statements
 following each other back to back, "after it ends" might otherwise not come until the
 process stops appending.
 
+A fed batch that follows on from ``last_read`` while the follower's task waits with
+nothing to do is fanned out within the ``feed`` call itself (the hub's NOTIFY callback,
+or the appender's turn after its commit returned) instead of a turn of the event loop
+later, when the task would have run with exactly that state. Fed batches that arrive
+while the task has work pending queue up and go out together as before.
+
 A record wake says up to which sequence the stream has committed (``r<pk>:<seq>``,
 migration 0012). When ``last_read`` has reached it (the feed delivered this process's
 own commit), the wake's read is skipped: everything it announces was fanned out already.
@@ -109,6 +115,7 @@ class StreamFollower:
         self._unwatch: Callable[[], None] | None = None
         self._task: asyncio.Task[None] | None = None
         self._closed_announced = False
+        self._parked = False  # the task waits for a wake (see _run)
         self.reads = 0
         self.fed_batches = 0  # fed batches fanned out without a read
 
@@ -165,9 +172,41 @@ class StreamFollower:
     def feed(self, records: list[Record]) -> None:
         """Take consecutive records whose commit has ALREADY happened: returned in this
         process, or announced by a wake that carries them (live/record_wakes.py)."""
-        if not self._stopped:
-            self._fed.append(records)
+        if self._stopped:
+            return
+        # The task waits for a wake with nothing pending: deliver now, as it would.
+        idle = self._parked and not self._wake.is_set() and not self._fed
+        if idle and self._deliver_now(records):
+            return
+        self._fed.append(records)
+        self._wake.set()
+
+    def _deliver_now(self, records: list[Record]) -> bool:
+        """Fan ``records`` out within this call when they follow on from ``last_read``
+        (what ``_deliver_fed`` would do one turn later); False leaves them to the task:
+        they do not follow on (the task drops them, and the wake's read goes at once),
+        or there are more subscribers than one slice of a fan-out serves."""
+        if len(self._subscribers) > FAN_OUT_SLICE:
+            return False
+        expected = self.last_read + 1
+        fed = [r for r in records if r.sequence >= expected]
+        if not fed:
+            return True  # read or fed already
+        if fed[0].sequence != expected:
+            return False
+        try:
+            self._offer(LiveBatch(fed, fed[-1].sequence, False), list(self._subscribers))
+        except Exception:
+            # Never into the caller (the appender's answer, the hub's callback): the task
+            # reads them instead; a subscriber that got them drops the repeat.
+            log.exception("live fan-out failed", extra={"stream_pk": self.stream_pk})
+            self._read_to = READ_ALL
             self._wake.set()
+            return True
+        self.last_read = fed[-1].sequence
+        self.fed_batches += 1
+        LIVE_FED.inc()
+        return True
 
     def own_append(self, underway: bool) -> None:
         """A statement of this process appending to the stream starts or has ended."""
@@ -205,8 +244,10 @@ class StreamFollower:
                 else None
             )
             try:
+                self._parked = True  # feed() may deliver meanwhile (see _deliver_now)
                 await self._wake.wait()
             finally:
+                self._parked = False
                 if poll is not None:
                     poll.cancel()
             polled, self._polled = self._polled, False
@@ -288,13 +329,18 @@ class StreamFollower:
                 return  # read up to the stream's latest (a page may be cut by bytes)
 
     async def _fan_out(self, batch: LiveBatch) -> None:
-        if batch.records:
-            FOLLOWER_LAG.observe(max(0.0, time.time() - batch.records[-1].appended_at.timestamp()))
         # The snapshot is taken after the read: whoever registers later (even between
         # slices) began its own backfill after this read, so it has these records.
         subscribers = list(self._subscribers)
         for start in range(0, len(subscribers), FAN_OUT_SLICE):
             if start:
                 await asyncio.sleep(0)
-            for subscription in subscribers[start : start + FAN_OUT_SLICE]:
-                subscription.offer(batch)
+            self._offer(batch, subscribers[start : start + FAN_OUT_SLICE], lag=not start)
+
+    def _offer(self, batch: LiveBatch, subscribers: list[Subscription], lag: bool = True) -> None:
+        """Hand ``batch`` to ``subscribers`` (one slice of a fan-out; ``lag``: the first,
+        which observes the follower's lag)."""
+        if lag and batch.records:
+            FOLLOWER_LAG.observe(max(0.0, time.time() - batch.records[-1].appended_at.timestamp()))
+        for subscription in subscribers:
+            subscription.offer(batch)

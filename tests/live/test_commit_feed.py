@@ -83,7 +83,8 @@ async def test_fed_records_arrive_without_a_read_exactly_as_read(pool, database_
 
 
 async def test_batches_fed_meanwhile_go_out_as_one(pool, database_url, tenant):
-    followers = Followers(pool, NotificationHub(database_url), LiveSettings(poll_seconds=3600))
+    hub = NotificationHub(database_url)
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
     store = Store(pool)  # feeds nothing: the batches are fed by hand
     ref = await new_stream(store, tenant)
     sub = await followers.subscribe(ref.stream_pk, 0)
@@ -91,8 +92,11 @@ async def test_batches_fed_meanwhile_go_out_as_one(pool, database_url, tenant):
     assert follower is not None
     await add(store, ref, ["a", "b", "c", "d"])
     r = (await read_page(pool, ref.stream_pk, 0, 10)).records
-    # Fed before the follower runs: an overlap is trimmed, a batch that skips ahead is
-    # dropped, and what follows on goes out as ONE batch.
+    # A wake that announces nothing new is pending, so the follower has yet to run (an
+    # idle one would deliver each batch within its feed: the next test). Fed meanwhile:
+    # an overlap is trimmed, a batch that skips ahead is dropped, and what follows on
+    # goes out as ONE batch.
+    hub._wake(ref.stream_pk, 0)
     followers.committed(ref.stream_pk, [r[0]])
     followers.committed(ref.stream_pk, [r[0], r[1]])
     followers.committed(ref.stream_pk, [r[3]])
@@ -102,6 +106,70 @@ async def test_batches_fed_meanwhile_go_out_as_one(pool, database_url, tenant):
     assert [[x.sequence for x in batch.records] for batch in item] == [[1, 2, 3]]
     assert follower.fed_batches == 1 and follower.reads == 0
     assert await sub.next(0.1) is None  # sequence 4 waits for a read
+    followers.release(ref.stream_pk, sub)
+
+
+async def test_a_batch_fed_to_an_idle_follower_goes_out_within_the_feed(pool, database_url, tenant):
+    hub = NotificationHub(database_url)
+    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
+    store = Store(pool)  # feeds nothing: the batches are fed by hand
+    ref = await new_stream(store, tenant)
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None
+    await add(store, ref, ["a", "b", "c", "d"])
+    r = (await read_page(pool, ref.stream_pk, 0, 10)).records
+    assert follower._parked  # its task waits for a wake, with nothing pending
+    # Each batch that follows on is fanned out before feed returns: no turn of the
+    # event loop (nothing is awaited in between), no read.
+    followers.committed(ref.stream_pk, [r[0]])
+    assert (follower.last_read, follower.fed_batches) == (1, 1)
+    followers.committed(ref.stream_pk, [r[0], r[1]])  # the overlap is trimmed
+    assert (follower.last_read, follower.fed_batches) == (2, 2)
+    followers.committed(ref.stream_pk, [r[1]])  # delivered already: nothing
+    assert (follower.last_read, follower.fed_batches) == (2, 2)
+    item = await sub.next(5.0)
+    assert isinstance(item, list)
+    assert [[x.sequence for x in batch.records] for batch in item] == [[1], [2]]
+    # A batch that does not follow on (sequence 3 was never delivered) is left to the
+    # task, which drops it; the wake of its commit brings the read that delivers both.
+    followers.committed(ref.stream_pk, [r[3]])
+    assert (follower.last_read, follower.fed_batches) == (2, 2)
+    assert await sub.next(0.2) is None and follower.reads == 0
+    hub._wake(ref.stream_pk, 4)
+    got: list[int] = []
+    await drain(sub, got, 4)
+    assert got == [3, 4] and follower.reads == 1 and follower.fed_batches == 2
+    followers.release(ref.stream_pk, sub)
+
+
+async def test_a_fan_out_failing_within_the_feed_is_read_instead(
+    pool, database_url, tenant, monkeypatch
+):
+    followers = Followers(pool, NotificationHub(database_url), LiveSettings(poll_seconds=3600))
+    store = Store(pool)
+    ref = await new_stream(store, tenant)
+    sub = await followers.subscribe(ref.stream_pk, 0)
+    follower = followers.follower(ref.stream_pk)
+    assert follower is not None
+    await add(store, ref, ["a"])
+    r = (await read_page(pool, ref.stream_pk, 0, 10)).records
+    offer = sub.offer
+    calls: list[int] = []
+
+    def failing_once(batch):  # type: ignore[no-untyped-def]
+        calls.append(batch.records[0].sequence)
+        if len(calls) == 1:
+            raise RuntimeError("a subscriber broke")
+        offer(batch)
+
+    monkeypatch.setattr(sub, "offer", failing_once)
+    followers.committed(ref.stream_pk, [r[0]])  # the caller (an appender) sees nothing
+    assert follower.fed_batches == 0 and follower.last_read == 0
+    item = await sub.next(5.0)
+    assert isinstance(item, list)
+    assert [x.sequence for batch in item for x in batch.records] == [1]
+    assert follower.reads == 1 and calls == [1, 1]
     followers.release(ref.stream_pk, sub)
 
 
