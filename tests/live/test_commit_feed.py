@@ -83,13 +83,10 @@ async def test_fed_records_arrive_without_a_read_exactly_as_read(pool, database_
 
 
 async def test_batches_fed_meanwhile_go_out_as_one(pool, database_url, tenant):
-    hub = NotificationHub(database_url)
-    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
-    store = Store(pool)  # feeds nothing: the batches are fed by hand
-    ref = await new_stream(store, tenant)
-    sub = await followers.subscribe(ref.stream_pk, 0)
-    follower = followers.follower(ref.stream_pk)
-    assert follower is not None
+    # The store feeds nothing: the batches are fed by hand.
+    hub, followers, store, ref, sub, follower = await by_hand(
+        pool, database_url, tenant, feeding=False
+    )
     await add(store, ref, ["a", "b", "c", "d"])
     r = (await read_page(pool, ref.stream_pk, 0, 10)).records
     # A wake that announces nothing new is pending, so the follower has yet to run (an
@@ -110,13 +107,10 @@ async def test_batches_fed_meanwhile_go_out_as_one(pool, database_url, tenant):
 
 
 async def test_a_batch_fed_to_an_idle_follower_goes_out_within_the_feed(pool, database_url, tenant):
-    hub = NotificationHub(database_url)
-    followers = Followers(pool, hub, LiveSettings(poll_seconds=3600))
-    store = Store(pool)  # feeds nothing: the batches are fed by hand
-    ref = await new_stream(store, tenant)
-    sub = await followers.subscribe(ref.stream_pk, 0)
-    follower = followers.follower(ref.stream_pk)
-    assert follower is not None
+    # The store feeds nothing: the batches are fed by hand.
+    hub, followers, store, ref, sub, follower = await by_hand(
+        pool, database_url, tenant, feeding=False
+    )
     await add(store, ref, ["a", "b", "c", "d"])
     r = (await read_page(pool, ref.stream_pk, 0, 10)).records
     assert follower._parked  # its task waits for a wake, with nothing pending
@@ -146,12 +140,9 @@ async def test_a_batch_fed_to_an_idle_follower_goes_out_within_the_feed(pool, da
 async def test_a_fan_out_failing_within_the_feed_is_read_instead(
     pool, database_url, tenant, monkeypatch
 ):
-    followers = Followers(pool, NotificationHub(database_url), LiveSettings(poll_seconds=3600))
-    store = Store(pool)
-    ref = await new_stream(store, tenant)
-    sub = await followers.subscribe(ref.stream_pk, 0)
-    follower = followers.follower(ref.stream_pk)
-    assert follower is not None
+    _hub, followers, store, ref, sub, follower = await by_hand(
+        pool, database_url, tenant, feeding=False
+    )
     await add(store, ref, ["a"])
     r = (await read_page(pool, ref.stream_pk, 0, 10)).records
     offer = sub.offer
