@@ -76,6 +76,7 @@ from bench.activity_streams_workflows import (
 from bench.environment import (
     HTTP_LIMITS,
     bench_token,
+    host_loop_ms,
     isolated_database,
     postgres_server,
     process_cpu_seconds,
@@ -336,6 +337,7 @@ class Bench:
     async def concurrent(
         self, mode: str, streams: int, rate: float, seconds: float, spread: bool = False
     ) -> Any:
+        host_before = host_loop_ms()
         run_ids = [f"{mode}-{uuid.uuid4().hex[:8]}" for _ in range(streams)]
         tokens = int(rate * seconds)
         await self.create_streams(run_ids)
@@ -365,7 +367,9 @@ class Bench:
         followers0, machine0 = process_cpu_seconds(followers.pid), machine_busy_seconds()
         postgres0 = self.postgres_cpu()
         started = time.monotonic()
+        probes = asyncio.get_running_loop().create_task(host_probes())
         await load
+        probes.cancel()
         if mode == "http":
             for connection in connections:
                 connection.close()
@@ -375,6 +379,12 @@ class Bench:
         postgres1 = self.postgres_cpu()
         postgres = sum(cpu - postgres0.get(pid, 0.0) for pid, cpu in postgres1.items())
         latencies, check = await self.collected(followers, tokens * streams)
+        check["host_loop_ms"] = [host_before, host_loop_ms()]
+        during = sorted(probes_during)
+        check["host_loop_ms_during"] = (
+            [during[len(during) // 2], during[-1]] if during else [None, None]
+        )
+        probes_during.clear()
         records = tokens * streams
         if mode == "activity":
             # Each of a writer's batches is one append request with its own key, so
@@ -410,6 +420,21 @@ class Bench:
             "wall_s": round(elapsed, 2),
             **check,
         }
+
+
+# A probe every HOST_PROBE_SECONDS during a load: ``host_loop_ms`` of a tenth of the
+# steps (about 4 ms of one core on a quick host), times 10 to compare with the idle ones.
+HOST_PROBE_SECONDS = 0.5
+probes_during: list[float] = []
+
+
+async def host_probes() -> None:
+    """Time the host's loop every HOST_PROBE_SECONDS while a load runs: the bench's own
+    process is nearly idle then, so the loop's time is the speed a thread gets on the
+    busy machine (CPU contention included), against the idle figure before and after."""
+    while True:
+        await asyncio.sleep(HOST_PROBE_SECONDS)
+        probes_during.append(round(host_loop_ms(100_000) * 10, 1))
 
 
 def machine_busy_seconds() -> float:
@@ -603,6 +628,14 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
         print(
             f"{path}: followers {row['followers_cores']} cores; Postgres backends,"
             f" busiest first: {backends or '-'}"
+        )
+    for path, row in result["concurrent"].items():
+        before, after = row["host_loop_ms"]
+        median, slowest = row["host_loop_ms_during"]
+        print(
+            f"{path}: a 1,000,000-step Python loop took {before} ms before the load, {median}"
+            f" (median; slowest {slowest}) during it and {after} after (bench/environment.py,"
+            " host_loop_ms: a thread's speed on this host at that moment)"
         )
     activity = result["concurrent"].get("activity")
     if activity and activity.get("append_requests"):

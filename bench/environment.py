@@ -7,6 +7,7 @@ import contextlib
 import os
 import secrets
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -84,6 +85,17 @@ def bench_token(secret: str) -> str:
         runs=["*"],
         ttl_seconds=24 * 3600,
     )
+
+
+def host_loop_ms(steps: int = 1_000_000) -> float:
+    """Milliseconds a fixed pure-Python loop takes now: how fast this host runs one
+    thread at the moment. On the shared 2-core machines it moved 2x within an hour
+    with nothing else of ours running, and every figure of a run moves with it."""
+    started = time.perf_counter()
+    total = 0
+    for step in range(steps):
+        total += step
+    return round((time.perf_counter() - started) * 1000, 1)
 
 
 def process_cpu_seconds(pid: int) -> float:
