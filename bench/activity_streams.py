@@ -367,7 +367,8 @@ class Bench:
         followers0, machine0 = process_cpu_seconds(followers.pid), machine_busy_seconds()
         postgres0 = self.postgres_cpu()
         started = time.monotonic()
-        probes = asyncio.get_running_loop().create_task(host_probes())
+        during: list[float] = []
+        probes = asyncio.get_running_loop().create_task(host_probes(during))
         await load
         probes.cancel()
         if mode == "http":
@@ -380,11 +381,10 @@ class Bench:
         postgres = sum(cpu - postgres0.get(pid, 0.0) for pid, cpu in postgres1.items())
         latencies, check = await self.collected(followers, tokens * streams)
         check["host_loop_ms"] = [host_before, host_loop_ms()]
-        during = sorted(probes_during)
+        during.sort()
         check["host_loop_ms_during"] = (
             [during[len(during) // 2], during[-1]] if during else [None, None]
         )
-        probes_during.clear()
         records = tokens * streams
         if mode == "activity":
             # Each of a writer's batches is one append request with its own key, so
@@ -425,16 +425,15 @@ class Bench:
 # A probe every HOST_PROBE_SECONDS during a load: ``host_loop_ms`` of a tenth of the
 # steps (about 4 ms of one core on a quick host), times 10 to compare with the idle ones.
 HOST_PROBE_SECONDS = 0.5
-probes_during: list[float] = []
 
 
-async def host_probes() -> None:
+async def host_probes(into: list[float]) -> None:
     """Time the host's loop every HOST_PROBE_SECONDS while a load runs: the bench's own
     process is nearly idle then, so the loop's time is the speed a thread gets on the
     busy machine (CPU contention included), against the idle figure before and after."""
     while True:
         await asyncio.sleep(HOST_PROBE_SECONDS)
-        probes_during.append(round(host_loop_ms(100_000) * 10, 1))
+        into.append(round(host_loop_ms(100_000) * 10, 1))
 
 
 def machine_busy_seconds() -> float:
