@@ -76,28 +76,29 @@ async def run(dsn: str, seconds: float) -> None:
         streams = QUERIES["records_append_stream_groups"]
 
         async with pool.acquire() as conn:
-            # The arguments are built per statement, as the appender does.
+            # The arguments are built per statement, as the appender does; the last one
+            # is each request's traceparent, None (no array) while tracing is off.
             shapes: list[tuple[str, int, Callable[[], Awaitable[object]]]] = [
                 (
                     "1 request",
                     1,
-                    lambda: conn.fetch(group, pks[0], *statement_arguments([one]), True),
+                    lambda: conn.fetch(group, pks[0], *statement_arguments([one]), True, None),
                 ),
                 (
                     "16 requests, 1 stream",
                     16,
-                    lambda: conn.fetch(group, pks[0], *statement_arguments([one] * 16), False),
+                    lambda: conn.fetch(group, pks[0], *statement_arguments([one] * 16), False, None),
                 ),
                 (
                     "100 records, 1 request",
                     100,
-                    lambda: conn.fetch(group, pks[0], *statement_arguments([hundred]), True),
+                    lambda: conn.fetch(group, pks[0], *statement_arguments([hundred]), True, None),
                 ),
                 (
                     "16 streams",
                     16,
                     lambda: conn.fetch(
-                        streams, pks, [1] * 16, [1] * 16, *statement_arguments([one] * 16), True
+                        streams, pks, [1] * 16, [1] * 16, *statement_arguments([one] * 16), True, None
                     ),
                 ),
             ]
