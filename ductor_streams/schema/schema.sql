@@ -564,15 +564,22 @@ DECLARE
     v_req_g     integer[];         -- [k]: request k's group (for the look at the keys)
     v_req_pk    bigint[];          -- [k]: request k's stream
     j           integer;
-    v_inputs    boolean := false;  -- a group appended whole is an input stream's
-    v_whole     boolean;
-    -- The stream of a group appended whole, as its UPDATE left it; v_latest and
-    -- v_total_bytes start from the values before it and move record by record.
-    v_stream_pk       bigint;
-    v_direction       text;
-    v_watched_until   timestamptz;
-    v_latest          bigint;
-    v_total_bytes     bigint;
+    -- [g]: group g's bytes; and, for the groups the UPDATE moved (appended whole), the
+    -- stream's latest_sequence and total_bytes before it and whether it wakes anyone
+    -- (NULL for the others).
+    v_bytes_of  bigint[] := array_fill(0::bigint, ARRAY[v_groups]);
+    v_latest_of bigint[] := array_fill(NULL::bigint, ARRAY[v_groups]);
+    v_total_of  bigint[] := array_fill(NULL::bigint, ARRAY[v_groups]);
+    v_wakes_of  boolean[] := array_fill(NULL::boolean, ARRAY[v_groups]);
+    -- The UPDATE's answer, a row per group moved: its index, then as above.
+    v_moved     integer[];
+    v_m_latest  bigint[];
+    v_m_total   bigint[];
+    v_m_wakes   boolean[];
+    v_inputs    boolean;           -- a group appended whole is an input stream's
+    v_wakes     text[] := '{}';    -- the wakes of the groups appended whole
+    v_latest    bigint;
+    v_total_bytes bigint;
     v_nreq      integer;
     v_nrec      integer;
     v_bytes     bigint;
@@ -605,43 +612,64 @@ BEGIN
                                      OFFSET 0) found
                  WHERE r.key IS NOT NULL) r;
     END IF;
+
+    FOR g IN 1 .. v_groups LOOP
+        v_bytes := 0;
+        FOR k IN v_rec + 1 .. v_rec + p_group_records[g] LOOP
+            v_bytes := v_bytes + p_sizes[k];
+        END LOOP;
+        v_bytes_of[g] := v_bytes;
+        v_rec := v_rec + p_group_records[g];
+    END LOOP;
+    v_rec := 0;
+
+    -- Every row of the statement, locked in ascending stream_pk (the header above).
+    PERFORM FROM workflow_streams.streams
+      WHERE stream_pk = ANY (p_stream_pks) ORDER BY stream_pk FOR UPDATE;
+    -- Moves the row of each group that a key does not keep from the whole path, only if
+    -- the whole group fits; every ceiling is the largest allowed value: reaching it is
+    -- allowed.
+    WITH moved AS (
+        UPDATE workflow_streams.streams s
+           SET latest_sequence = s.latest_sequence + t.nrec,
+               total_items = s.total_items + t.nrec,
+               total_bytes = s.total_bytes + t.bytes
+          FROM unnest(p_stream_pks, p_group_records, v_bytes_of)
+               WITH ORDINALITY AS t(pk, nrec, bytes, g)
+         WHERE s.stream_pk = t.pk
+           AND (v_blocked IS NULL OR NOT t.g::integer = ANY (v_blocked))
+           AND s.closed_at IS NULL
+           AND (s.definition -> 'credit' ->> 'max_total_items' IS NULL
+                OR s.total_items + t.nrec
+                   <= workflow_streams.clamped_count(s.definition -> 'credit' ->> 'max_total_items'))
+           AND (s.definition -> 'credit' ->> 'max_total_bytes' IS NULL
+                OR s.total_bytes + t.bytes
+                   <= workflow_streams.clamped_count(s.definition -> 'credit' ->> 'max_total_bytes'))
+           AND (s.min_acked_sequence IS NULL OR (
+                   (s.definition -> 'credit' ->> 'max_unread_items' IS NULL
+                    OR s.latest_sequence - s.min_acked_sequence + t.nrec
+                       <= workflow_streams.clamped_count(s.definition -> 'credit' ->> 'max_unread_items'))
+               AND (s.definition -> 'credit' ->> 'max_unread_bytes' IS NULL
+                    OR s.total_bytes - s.min_acked_bytes + t.bytes
+                       <= workflow_streams.clamped_count(s.definition -> 'credit' ->> 'max_unread_bytes'))))
+        RETURNING t.g::integer AS g, s.latest_sequence - t.nrec AS latest,
+                  s.total_bytes - t.bytes AS total,
+                  s.direction = 'input' AS input,
+                  p_notify AND (s.direction = 'input' OR s.watched_until > now()) AS wakes)
+    SELECT array_agg(m.g), array_agg(m.latest), array_agg(m.total), array_agg(m.wakes),
+           bool_or(m.input)
+      INTO v_moved, v_m_latest, v_m_total, v_m_wakes, v_inputs
+      FROM moved m;
+    FOR j IN 1 .. coalesce(array_length(v_moved, 1), 0) LOOP
+        v_latest_of[v_moved[j]] := v_m_latest[j];
+        v_total_of[v_moved[j]] := v_m_total[j];
+        v_wakes_of[v_moved[j]] := v_m_wakes[j];
+    END LOOP;
+
     FOR g IN 1 .. v_groups LOOP
         v_nreq := p_group_requests[g];
         v_nrec := p_group_records[g];
-        v_whole := v_blocked IS NULL OR NOT g = ANY (v_blocked);
-        IF v_whole THEN
-            v_bytes := 0;
-            FOR k IN v_rec + 1 .. v_rec + v_nrec LOOP
-                v_bytes := v_bytes + p_sizes[k];
-            END LOOP;
-            -- Locks and moves the row only if the whole group fits (the header above);
-            -- every ceiling is the largest allowed value: reaching it is allowed.
-            UPDATE workflow_streams.streams
-               SET latest_sequence = latest_sequence + v_nrec,
-                   total_items = total_items + v_nrec,
-                   total_bytes = total_bytes + v_bytes
-             WHERE stream_pk = p_stream_pks[g]
-               AND closed_at IS NULL
-               AND (definition -> 'credit' ->> 'max_total_items' IS NULL
-                    OR total_items + v_nrec
-                       <= workflow_streams.clamped_count(definition -> 'credit' ->> 'max_total_items'))
-               AND (definition -> 'credit' ->> 'max_total_bytes' IS NULL
-                    OR total_bytes + v_bytes
-                       <= workflow_streams.clamped_count(definition -> 'credit' ->> 'max_total_bytes'))
-               AND (min_acked_sequence IS NULL OR (
-                       (definition -> 'credit' ->> 'max_unread_items' IS NULL
-                        OR latest_sequence - min_acked_sequence + v_nrec
-                           <= workflow_streams.clamped_count(definition -> 'credit' ->> 'max_unread_items'))
-                   AND (definition -> 'credit' ->> 'max_unread_bytes' IS NULL
-                        OR total_bytes - min_acked_bytes + v_bytes
-                           <= workflow_streams.clamped_count(definition -> 'credit' ->> 'max_unread_bytes'))))
-            RETURNING stream_pk, direction, watched_until,
-                      latest_sequence - v_nrec, total_bytes - v_bytes
-                 INTO v_stream_pk, v_direction, v_watched_until, v_latest, v_total_bytes;
-            v_whole := FOUND;
-        END IF;
-
-        IF NOT v_whole THEN
+        IF v_latest_of[g] IS NULL THEN
             -- Decided request by request, as if alone.
             RETURN QUERY
                 SELECT g, a.request_index, a.outcome, a.first_sequence, a.last_sequence
@@ -658,9 +686,11 @@ BEGIN
                  ORDER BY a.request_index;
         ELSE
             -- Appended whole: the records' places and each request's answer.
+            v_latest := v_latest_of[g];
+            v_total_bytes := v_total_of[g];
             FOR k IN 1 .. v_nrec LOOP
                 v_total_bytes := v_total_bytes + p_sizes[v_rec + k];
-                v_pk[v_rec + k] := v_stream_pk;
+                v_pk[v_rec + k] := p_stream_pks[g];
                 v_seq[v_rec + k] := v_latest + k;
                 v_cum[v_rec + k] := v_total_bytes;
             END LOOP;
@@ -682,26 +712,29 @@ BEGIN
                 v_latest := last_sequence;
                 IF p_keys[v_req + k] IS NOT NULL THEN
                     v_rk := v_rk + 1;
-                    v_rk_pk[v_rk] := v_stream_pk;
+                    v_rk_pk[v_rk] := p_stream_pks[g];
                     v_rk_req[v_rk] := v_req + k;
                     v_rk_first[v_rk] := first_sequence;
                     v_rk_last[v_rk] := last_sequence;
                 END IF;
                 RETURN NEXT;
             END LOOP;
-            v_inputs := v_inputs OR v_direction = 'input';
             -- The wake as append_requests sends it (0011, 0012, 0035).
-            IF p_notify AND (v_direction = 'input' OR v_watched_until > now()) THEN
-                PERFORM pg_notify('workflow_streams', workflow_streams.records_wake(
-                    v_stream_pk, v_latest - v_nrec + 1,
+            IF v_wakes_of[g] THEN
+                v_wakes := v_wakes || workflow_streams.records_wake(
+                    p_stream_pks[g], v_latest_of[g] + 1,
                     p_payloads[v_rec + 1 : v_rec + v_nrec],
                     p_sizes[v_rec + 1 : v_rec + v_nrec],
-                    p_objects[v_rec + 1 : v_rec + v_nrec]));
+                    p_objects[v_rec + 1 : v_rec + v_nrec]);
             END IF;
         END IF;
         v_req := v_req + v_nreq;
         v_rec := v_rec + v_nrec;
     END LOOP;
+    IF cardinality(v_wakes) > 0 THEN
+        PERFORM pg_notify('workflow_streams', w) FROM unnest(v_wakes) WITH ORDINALITY AS u(w, n)
+          ORDER BY n;
+    END IF;
 
     -- The receipts of the keyed requests appended whole, in one insert. A key that
     -- another transaction stored since the look above (it held the row lock this one
