@@ -87,7 +87,9 @@ async def run(dsn: str, seconds: float) -> None:
                 (
                     "16 requests, 1 stream",
                     16,
-                    lambda: conn.fetch(group, pks[0], *statement_arguments([one] * 16), False, None),
+                    lambda: conn.fetch(
+                        group, pks[0], *statement_arguments([one] * 16), False, None
+                    ),
                 ),
                 (
                     "100 records, 1 request",
@@ -98,7 +100,13 @@ async def run(dsn: str, seconds: float) -> None:
                     "16 streams",
                     16,
                     lambda: conn.fetch(
-                        streams, pks, [1] * 16, [1] * 16, *statement_arguments([one] * 16), True, None
+                        streams,
+                        pks,
+                        [1] * 16,
+                        [1] * 16,
+                        *statement_arguments([one] * 16),
+                        True,
+                        None,
                     ),
                 ),
             ]
