@@ -161,7 +161,7 @@ CREATE TABLE workflow_streams.streams (
     CONSTRAINT streams_pkey PRIMARY KEY (stream_pk),
     CONSTRAINT streams_key UNIQUE (tenant, run_id, stream_id),
     CONSTRAINT streams_direction_check CHECK (direction = ANY (ARRAY['input'::text, 'output'::text]))
-);
+) WITH (fillfactor=50);
 
 -- Foreign keys
 
@@ -540,6 +540,10 @@ $function$;
 CREATE OR REPLACE FUNCTION workflow_streams.append_stream_groups(p_stream_pks bigint[], p_group_requests integer[], p_group_records integer[], p_counts integer[], p_keys text[], p_hashes text[], p_payloads text[], p_sizes integer[], p_objects jsonb[], p_notify boolean, p_traces text[])
  RETURNS TABLE(group_index integer, request_index integer, outcome text, first_sequence bigint, last_sequence bigint)
  LANGUAGE plpgsql
+ SET enable_seqscan TO 'off'
+ SET enable_bitmapscan TO 'off'
+ SET enable_hashjoin TO 'off'
+ SET enable_mergejoin TO 'off'
 AS $function$
 DECLARE
     v_groups    integer := coalesce(array_length(p_stream_pks, 1), 0);

@@ -367,3 +367,38 @@ async def test_a_key_stored_meanwhile_by_another_transaction_is_replayed(
     assert [type(e) for e in many.errors] == [asyncpg.exceptions.UniqueViolationError]
     assert await stored_log(pool, keyed) == {1: '"once"'}
     assert await stored_log(pool, other) == {1: '"beside"'}
+
+
+async def _pages(pool: asyncpg.Pool, pks: list[int]) -> list[tuple[int, int]]:
+    """Each stream's row: its stream_pk and the page its current version is on."""
+    rows = await pool.fetch(
+        "SELECT stream_pk, (ctid::text::point)[0]::bigint AS page FROM workflow_streams.streams"
+        " WHERE stream_pk = ANY ($1) ORDER BY stream_pk",
+        pks,
+    )
+    return [(r["stream_pk"], r["page"]) for r in rows]
+
+
+async def test_the_rows_a_statement_moves_stay_on_their_pages(pool: asyncpg.Pool) -> None:
+    # Migration 0037: one UPDATE moves every stream of a several-stream statement. The
+    # new versions of its rows must fit on their pages beside the old ones (HOT updates:
+    # no index entries, the table keeps its size); with the default fillfactor 44% of
+    # them left their page and the table grew by a page every few statements.
+    store = Store(pool)
+    pks = sorted([(await make_stream(store)).stream_pk for _ in range(16)])
+    before = await _pages(pool, pks)
+    statement = QUERIES["records_append_stream_groups"]
+    async with pool.acquire() as conn:
+        for n in range(300):
+            arguments = statement_arguments([encode_batch([n])] * 16)
+            rows = await conn.fetch(statement, pks, [1] * 16, [1] * 16, *arguments, False, None)
+            assert [r["outcome"] for r in rows] == ["appended"] * 16
+    assert await _pages(pool, pks) == before
+    assert (
+        await pool.fetchval(
+            "SELECT array_agg(latest_sequence) FROM workflow_streams.streams"
+            " WHERE stream_pk = ANY ($1)",
+            pks,
+        )
+        == [300] * 16
+    )

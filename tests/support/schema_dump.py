@@ -40,7 +40,7 @@ HEADER = f"""\
 SERVER_LINE = "-- Read from Postgres {major}."
 
 _TABLES = """
-SELECT c.oid, c.relname, c.relpersistence
+SELECT c.oid, c.relname, c.relpersistence, c.reloptions
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = $1 AND c.relkind IN ('r', 'p')
  ORDER BY c.relname
@@ -164,7 +164,7 @@ def _column(row: asyncpg.Record) -> str:
 
 
 async def _table(
-    conn: asyncpg.Connection, oid: int, name: str, unlogged: bool
+    conn: asyncpg.Connection, oid: int, name: str, unlogged: bool, options: list[str] | None
 ) -> tuple[str, list[str]]:
     """The table's CREATE statement and its foreign keys as ALTER statements.
 
@@ -182,7 +182,9 @@ async def _table(
             lines.append(constraint)
     body = ",\n".join("    " + line for line in lines)
     kind = "UNLOGGED TABLE" if unlogged else "TABLE"
-    return f"CREATE {kind} {table} (\n{body}\n);", foreign
+    # Storage parameters, e.g. fillfactor (migration 0037).
+    storage = f" WITH ({', '.join(sorted(options))})" if options else ""
+    return f"CREATE {kind} {table} (\n{body}\n){storage};", foreign
 
 
 async def dump_schema(conn: asyncpg.Connection) -> str:
@@ -204,7 +206,7 @@ async def dump_schema(conn: asyncpg.Connection) -> str:
     foreign_keys: list[str] = []
     for row in await conn.fetch(_TABLES, SCHEMA):
         create, foreign = await _table(
-            conn, row["oid"], row["relname"], row["relpersistence"] == "u"
+            conn, row["oid"], row["relname"], row["relpersistence"] == "u", row["reloptions"]
         )
         sections.append(create)
         foreign_keys += foreign
