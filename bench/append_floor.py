@@ -9,7 +9,9 @@ included, one record per request:
 - ``1 request``: a group of one, notifying at commit (what one client costs at best);
 - ``16 requests, 1 stream``: one group of 16 (16 clients on one stream, per statement);
 - ``100 records, 1 request``: one 100-record request;
-- ``16 streams``: ``append_stream_groups`` with one request on each of 16 streams.
+- ``16 streams``: ``append_stream_groups`` with one request on each of 16 streams;
+- ``16 streams, watched``: the same on 16 streams with a watch (an SSE follower
+  somewhere), whose commit sends each stream's wake.
 
 Prints statements/s, records/s, ms per statement and this process's CPU per statement
 (building the arguments and asyncpg's encoding: the client side of the append path).
@@ -65,11 +67,18 @@ async def run(dsn: str, seconds: float) -> None:
         store = Store(pool)
         run_id = f"run-{uuid.uuid4().hex[:8]}"
         pks = []
-        for i in range(16):
+        for i in range(32):
             body = {"stream_id": f"s{i}", "direction": "output", "credit": NO_CEILINGS}
             definition = parse_definition(body, region="local", object_store_regions=frozenset())
             ref, _ = await store.create_stream(StreamKey("bench", run_id, f"s{i}"), definition)
             pks.append(ref.stream_pk)
+        # The last 16 are watched (an SSE follower somewhere): their commits NOTIFY.
+        pks, watched = pks[:16], pks[16:]
+        await pool.execute(
+            "UPDATE workflow_streams.streams SET watched_until = now() + interval '1 day'"
+            " WHERE stream_pk = ANY ($1)",
+            watched,
+        )
         one = encode_batch([{"n": 1, "text": "hello"}])
         hundred = encode_batch([{"n": 1, "text": "hello"}] * 100)
         group = QUERIES["records_append_group"]
@@ -102,6 +111,19 @@ async def run(dsn: str, seconds: float) -> None:
                     lambda: conn.fetch(
                         streams,
                         pks,
+                        [1] * 16,
+                        [1] * 16,
+                        *statement_arguments([one] * 16),
+                        True,
+                        None,
+                    ),
+                ),
+                (
+                    "16 streams, watched",
+                    16,
+                    lambda: conn.fetch(
+                        streams,
+                        watched,
                         [1] * 16,
                         [1] * 16,
                         *statement_arguments([one] * 16),
