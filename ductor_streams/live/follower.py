@@ -55,9 +55,8 @@ from collections.abc import Awaitable, Callable
 from ductor_streams.errors import CursorExpired, NotFound
 from ductor_streams.live.events import LiveBatch
 from ductor_streams.live.hub import NotificationHub
-from ductor_streams.live.stats import LIVE_FED
 from ductor_streams.live.subscription import Subscription
-from ductor_streams.metrics import FOLLOWER_LAG
+from ductor_streams.metrics import FOLLOWER_LAG, LIVE_FED
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page, Record
 from ductor_streams.store.outage import report_unavailable
@@ -205,7 +204,7 @@ class StreamFollower:
             return True
         self.last_read = fed[-1].sequence
         self.fed_batches += 1
-        LIVE_FED.inc()
+        LIVE_FED.n += 1
         return True
 
     def own_append(self, underway: bool) -> None:
@@ -302,7 +301,7 @@ class StreamFollower:
             await self._fan_out(LiveBatch(records, records[-1].sequence, False))
             self.last_read = records[-1].sequence
             self.fed_batches += 1
-            LIVE_FED.inc()
+            LIVE_FED.n += 1
 
     async def _read_new(self) -> None:
         while not self._stopped:

@@ -52,10 +52,23 @@ def record_wake(stream_pk: int, records: list[Record]) -> str | None:
     return payload
 
 
+def _record_type() -> type[Record]:
+    """store.models.Record, imported on first use (the cycle above), then kept: an
+    import statement per wake was a quarter of the parse (1.7 of 7.6 us)."""
+    global _record
+    if _record is None:
+        from ductor_streams.store.models import Record
+
+        _record = Record
+    return _record
+
+
+_record: type[Record] | None = None
+
+
 def parse_record_wake(payload: str) -> tuple[int, int, list[Record]] | None:
     """``(stream_pk, last sequence, records)`` of a record-carrying wake, or None."""
-    from ductor_streams.store.models import Record
-
+    record_type = _record or _record_type()
     if not payload.startswith(KIND):
         return None
     parts = payload[1:].split(":", 4)
@@ -71,7 +84,7 @@ def parse_record_wake(payload: str) -> tuple[int, int, list[Record]] | None:
     if len(texts) != last - first + 1:
         return None
     records = [
-        Record(sequence, text, len(text.encode()), appended_at, None)
+        record_type(sequence, text, len(text.encode()), appended_at, None)
         for sequence, text in zip(range(first, last + 1), texts, strict=True)
     ]
     return stream_pk, last, records

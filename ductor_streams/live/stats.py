@@ -1,5 +1,6 @@
 """Live delivery's own Prometheus counters: the Postgres reads it makes, by kind, and
-the batches of this process's own commits it fanned out without a read.
+the buffers it dropped. (The batches it fanned out without a read are counted by
+``metrics.LIVE_FED``, a plain int: it is bumped per batch.)
 
 Registered in the process registry of ``ductor_streams.metrics`` (served at /metrics).
 What subscribers cost Postgres is read off it: ``follower`` reads are one per wake per
@@ -21,12 +22,6 @@ LIVE_READS = Counter(
 )
 for _kind in ("follower", "subscriber", "start"):
     LIVE_READS.labels(_kind)
-
-LIVE_FED = Counter(
-    "ductor_streams_live_fed_batches",
-    "Batches of this process's own appends fanned out right after commit, without a read.",
-    registry=REGISTRY,
-)
 
 LIVE_OVERFLOWS = Counter(
     "ductor_streams_live_overflows",
