@@ -95,24 +95,6 @@ ProcessCollector(registry=REGISTRY)
 PlatformCollector(registry=REGISTRY)
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
-APPENDS = Counter(
-    "ductor_streams_appends",
-    "Append requests committed (idempotent replays not counted), by stream direction.",
-    ["direction"],
-    registry=REGISTRY,
-)
-APPENDED_RECORDS = Counter(
-    "ductor_streams_appended_records",
-    "Records committed by appends, by stream direction.",
-    ["direction"],
-    registry=REGISTRY,
-)
-APPENDED_BYTES = Counter(
-    "ductor_streams_appended_bytes",
-    "Payload bytes committed by appends (record sizes), by stream direction.",
-    ["direction"],
-    registry=REGISTRY,
-)
 CREDIT_REJECTIONS = Counter(
     "ductor_streams_credit_rejections",
     "Append requests refused for credit (reason=credit, 429) or total quota (reason=quota, 409).",
@@ -232,6 +214,47 @@ LIVE_FED = Tally(
     "that commit wakes carry.",
 )
 REGISTRY.register(_TallyCollector(SSE_EVENTS, SSE_CHUNK_WRITES, LIVE_FED))
+
+
+class DirectionTally:
+    """Tallies by stream direction (``input``, ``output``): a Counter with one label
+    whose children are plain ints (``tally.by_direction["input"].n += k``)."""
+
+    __slots__ = ("by_direction", "description", "name")
+
+    def __init__(self, name: str, description: str) -> None:
+        self.name = name
+        self.description = description
+        self.by_direction = {d: Tally(name, description) for d in ("input", "output")}
+
+
+class _DirectionTallyCollector(Collector):
+    def __init__(self, *tallies: DirectionTally) -> None:
+        self.tallies = tallies
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        for tally in self.tallies:
+            family = CounterMetricFamily(tally.name, tally.description, labels=["direction"])
+            for direction, child in tally.by_direction.items():
+                family.add_metric([direction], child.n)
+            yield family
+
+
+# Counted per committed append request (every batch of an activity's writer): three
+# locked Counter updates were ~2.5% of a streaming worker's CPU.
+APPENDS = DirectionTally(
+    "ductor_streams_appends",
+    "Append requests committed (idempotent replays not counted), by stream direction.",
+)
+APPENDED_RECORDS = DirectionTally(
+    "ductor_streams_appended_records",
+    "Records committed by appends, by stream direction.",
+)
+APPENDED_BYTES = DirectionTally(
+    "ductor_streams_appended_bytes",
+    "Payload bytes committed by appends (record sizes), by stream direction.",
+)
+REGISTRY.register(_DirectionTallyCollector(APPENDS, APPENDED_RECORDS, APPENDED_BYTES))
 
 
 class LoopHistogram:
@@ -386,10 +409,8 @@ DELIVERY_SIGNAL_SECONDS = Histogram(
     registry=REGISTRY,
 )
 
-# Every known label value from the start, so a dashboard sees 0 rather than no series.
-for _direction in ("input", "output"):
-    for _counter in (APPENDS, APPENDED_RECORDS, APPENDED_BYTES):
-        _counter.labels(_direction)
+# Every known label value from the start, so a dashboard sees 0 rather than no series
+# (the DirectionTally counters above have both directions from the start).
 for _reason in ("credit", "quota"):
     CREDIT_REJECTIONS.labels(_reason)
 for _reason in ("head_timeout", "head_too_large", "too_many", "evicted"):
@@ -402,31 +423,11 @@ for _step in UPKEEP_STEPS:
     UPKEEP_ERRORS.labels(_step)
 
 
-# The append counters' children, bound once: ``labels()`` (a lock and a dict lookup
-# per call) three times per append request showed in the append path's profile.
-_APPEND_CHILDREN = {
-    _direction: (
-        APPENDS.labels(_direction),
-        APPENDED_RECORDS.labels(_direction),
-        APPENDED_BYTES.labels(_direction),
-    )
-    for _direction in ("input", "output")
-}
-
-
 def count_append(direction: str, records: int, nbytes: int) -> None:
     """One committed append request of ``records`` records and ``nbytes`` bytes."""
-    children = _APPEND_CHILDREN.get(direction)
-    if children is None:
-        children = (
-            APPENDS.labels(direction),
-            APPENDED_RECORDS.labels(direction),
-            APPENDED_BYTES.labels(direction),
-        )
-    appends, appended_records, appended_bytes = children
-    appends.inc()
-    appended_records.inc(records)
-    appended_bytes.inc(nbytes)
+    APPENDS.by_direction[direction].n += 1
+    APPENDED_RECORDS.by_direction[direction].n += records
+    APPENDED_BYTES.by_direction[direction].n += nbytes
 
 
 # (method, route, status) -> the histogram's child: ``labels()`` takes a lock and
