@@ -274,5 +274,6 @@ $$;
 -- out of room, and most updates left their page (44% HOT in a 16-stream loop, the table
 -- 16 rows in 3,400 pages after 5 s; the loop: 100% HOT, 7 pages). Half of each page is
 -- kept free for those versions: 100% HOT, 5 pages. Pages written before this migration
--- get the room as their rows move.
+-- get the room as their rows move. (Setting it takes a SHARE UPDATE EXCLUSIVE lock:
+-- appends and reads go on meanwhile.)
 ALTER TABLE workflow_streams.streams SET (fillfactor = 50);
