@@ -10,7 +10,9 @@
 -- (bench.append_floor, its "16 streams" rows).
 --
 -- Locks: appenders take the rows of a statement in ascending stream_pk (the groups come
--- sorted, store/append.py), so two statements never wait on each other in a cycle. A
+-- sorted, one per stream, store/append.py), so two statements never wait on each other
+-- in a cycle. (A stream named by two groups of one statement, which the appender never
+-- sends, is moved by the UPDATE for one of them; the other goes to append_requests.) A
 -- join's UPDATE takes its rows in whatever order the plan visits them (a hash join:
 -- the table's physical order), so the rows are first locked in ascending order by
 -- SELECT ... ORDER BY stream_pk FOR UPDATE (the locking happens above the sort).
