@@ -180,7 +180,8 @@ UPKEEP_STEPS = ("retention", "expiry", "orphan_sweep", "deletion")
 
 class Tally:
     """A counter that is a plain int (``tally.n += k``), read at scrape time: for the
-    SSE fan-out, where a Counter's lock per subscriber per batch would show."""
+    hot paths (the SSE fan-out, appends), where a Counter's lock per update would show.
+    Bumped only from the event loop's thread, as ``LoopHistogram`` is observed."""
 
     __slots__ = ("description", "n", "name")
 
