@@ -85,6 +85,13 @@ async def run(dsn: str, seconds: float) -> None:
         streams = QUERIES["records_append_stream_groups"]
 
         async with pool.acquire() as conn:
+
+            def one_each(stream_pks: list[int]) -> Awaitable[object]:
+                """One one-record request on each of ``stream_pks``, in one statement."""
+                n = len(stream_pks)
+                arguments = statement_arguments([one] * n)
+                return conn.fetch(streams, stream_pks, [1] * n, [1] * n, *arguments, True, None)
+
             # The arguments are built per statement, as the appender does; the last one
             # is each request's traceparent, None (no array) while tracing is off.
             shapes: list[tuple[str, int, Callable[[], Awaitable[object]]]] = [
@@ -105,32 +112,8 @@ async def run(dsn: str, seconds: float) -> None:
                     100,
                     lambda: conn.fetch(group, pks[0], *statement_arguments([hundred]), True, None),
                 ),
-                (
-                    "16 streams",
-                    16,
-                    lambda: conn.fetch(
-                        streams,
-                        pks,
-                        [1] * 16,
-                        [1] * 16,
-                        *statement_arguments([one] * 16),
-                        True,
-                        None,
-                    ),
-                ),
-                (
-                    "16 streams, watched",
-                    16,
-                    lambda: conn.fetch(
-                        streams,
-                        watched,
-                        [1] * 16,
-                        [1] * 16,
-                        *statement_arguments([one] * 16),
-                        True,
-                        None,
-                    ),
-                ),
+                ("16 streams", 16, lambda: one_each(pks)),
+                ("16 streams, watched", 16, lambda: one_each(watched)),
             ]
             print(
                 f"{'statement':<24} {'statements/s':>13} {'records/s':>10} "

@@ -5,7 +5,7 @@
 -- (bench.activity_streams), and Postgres spent ~95 us of CPU per record on it. Most of
 -- that was fixed cost per group: each UPDATE and each PERFORM pg_notify in the plpgsql
 -- loop starts an executor of its own (~30 us for the UPDATE, ~8 us for the wake, on this
--- project's 2-core machines). One set-based UPDATE over the groups costs about half the
+-- project's 2-core machines; timed once with scratch functions, bench/README.md). One set-based UPDATE over the groups costs about half the
 -- loop's: a statement of one record on each of 16 streams 1.06-1.47 -> 0.81-1.03 ms
 -- (bench.append_floor, its "16 streams" rows).
 --
@@ -274,7 +274,8 @@ $$;
 -- the page is pruned once per statement, not once per row as the loop's UPDATEs did:
 -- with the default fillfactor (100) a page of rows that all moved in one statement ran
 -- out of room, and most updates left their page (44% HOT in a 16-stream loop, the table
--- 16 rows in 3,400 pages after 5 s; the loop: 100% HOT, 7 pages). Half of each page is
+-- 16 rows in 3,400 pages after 5 s; the loop: 100% HOT, 7 pages; read once from
+-- pg_stat_user_tables after a scratch loop, no bench keeps it). Half of each page is
 -- kept free for those versions: 100% HOT, 5 pages. Pages written before this migration
 -- get the room as their rows move. (Setting it takes a SHARE UPDATE EXCLUSIVE lock:
 -- appends and reads go on meanwhile.)
