@@ -544,6 +544,7 @@ CREATE OR REPLACE FUNCTION workflow_streams.append_stream_groups(p_stream_pks bi
  SET enable_bitmapscan TO 'off'
  SET enable_hashjoin TO 'off'
  SET enable_mergejoin TO 'off'
+ SET plan_cache_mode TO 'force_generic_plan'
 AS $function$
 DECLARE
     v_groups    integer := coalesce(array_length(p_stream_pks, 1), 0);

@@ -402,3 +402,47 @@ async def test_the_rows_a_statement_moves_stay_on_their_pages(pool: asyncpg.Pool
         )
         == [300] * 16
     )
+
+
+async def test_a_connections_first_small_statements_leave_it_generic_plans(
+    pool: asyncpg.Pool,
+) -> None:
+    # Migration 0038: which plans a connection uses must not depend on its history. On a
+    # connection whose first statements were small, Postgres kept choosing custom plans
+    # for the function's UPDATE (the average custom cost stayed below the generic one)
+    # and planned it again on every call: a third of the backend's CPU for a statement of
+    # 1-4 streams. Postgres's auto_explain shows the plan each nested statement ran with:
+    # a generic plan refers to the function's variables as parameters ($n), a custom
+    # plan has their values folded in.
+    store = Store(pool)
+    pk = (await make_stream(store)).stream_pk
+    statement = QUERIES["records_append_stream_groups"]
+    plans: list[str] = []
+    async with pool.acquire() as conn:
+        try:
+            await conn.execute("LOAD 'auto_explain'")
+        except asyncpg.PostgresError as exc:  # a server without the contrib modules
+            pytest.skip(f"auto_explain is not available: {exc}")
+        await conn.execute(
+            "SET auto_explain.log_min_duration = 0; SET auto_explain.log_nested_statements = on;"
+            " SET auto_explain.log_verbose = on; SET client_min_messages = log"
+        )
+
+        def logged(_conn: Any, message: Any) -> None:
+            plans.append(message.message)
+
+        conn.add_log_listener(logged)
+        try:
+            for n in range(10):
+                arguments = statement_arguments([encode_batch([n])])
+                rows = await conn.fetch(statement, [pk], [1], [1], *arguments, False, None)
+                assert [(r["outcome"], r["last_sequence"]) for r in rows] == [("appended", n + 1)]
+        finally:
+            await conn.execute("RESET client_min_messages; RESET auto_explain.log_min_duration")
+            conn.remove_log_listener(logged)
+    updates = [p for p in plans if "UPDATE workflow_streams.streams s" in p]
+    assert len(updates) == 10
+    # The generic plan's function scan reads the arrays from parameters; a custom plan's
+    # reads constants ('{...}'::bigint[]).
+    generic = ["unnest($" in p for p in updates]
+    assert generic == [True] * 10, [p for p in updates if "unnest($" not in p][:1]
