@@ -593,7 +593,18 @@ DECLARE
     g           integer;
     k           integer;
 BEGIN
-    IF cardinality(array_remove(p_keys, NULL)) > 0 THEN
+    IF cardinality(array_remove(p_keys, NULL)) = 0 THEN
+        NULL;  -- no key: none keeps a group from the whole path
+    ELSIF cardinality(p_counts) = v_groups THEN
+        -- One request a group (an activity's writers send one batch at a time): request
+        -- g is group g's, and no key can appear twice in a group. One index probe per
+        -- key.
+        SELECT array_agg(r.g::integer) INTO v_blocked
+          FROM unnest(p_stream_pks, p_keys) WITH ORDINALITY AS r(pk, key, g)
+         WHERE r.key IS NOT NULL
+           AND EXISTS (SELECT 1 FROM workflow_streams.append_receipts a
+                        WHERE a.stream_pk = r.pk AND a.idempotency_key = r.key);
+    ELSE
         -- Each request's group and stream, for one look at every key of the statement.
         v_req_g := array_fill(0, ARRAY[coalesce(array_length(p_counts, 1), 0)]);
         v_req_pk := array_fill(0::bigint, ARRAY[coalesce(array_length(p_counts, 1), 0)]);
@@ -628,7 +639,7 @@ BEGIN
     END LOOP;
     v_rec := 0;
 
-    -- Every row of the statement, locked in ascending stream_pk (the header above).
+    -- Every row of the statement, locked in ascending stream_pk (0037).
     PERFORM FROM workflow_streams.streams
       WHERE stream_pk = ANY (p_stream_pks) ORDER BY stream_pk FOR UPDATE;
     -- Moves the row of each group that a key does not keep from the whole path, only if
