@@ -24,6 +24,11 @@ is the follower's receive time minus ``t`` (one host clock).
      ``--single-http-seconds``.
 2. ``concurrent``: ``--streams`` streams each getting ``--rate`` records/s for
    ``--seconds``, one follower per stream.
+   - ``floor`` (before ``activity``; ``--no-floor`` skips it): the same tokens, durable
+     commits and followers with no product code in between (bench/token_floor.py: a
+     producer process group-committing inserts with their NOTIFY, and a bare SSE
+     server writing each notified record to its subscriber); its ``server`` and
+     ``worker`` columns are that server and that producer.
    - ``activity``: one activity per stream writes them with ``stream_writer`` as it
      makes them.
    - ``answer``: one activity per stream makes them at the same pace and returns them
@@ -66,6 +71,7 @@ import httpx
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
+from bench import token_floor
 from bench.activity_streams_worker import LOOP_ENV as WORKER_LOOP_ENV
 from bench.activity_streams_workflows import (
     TASK_QUEUE,
@@ -147,12 +153,15 @@ class Bench:
     def paths(self, run_ids: list[str]) -> list[str]:
         return [f"{API}/runs/{r}/streams/output/subscribe" for r in run_ids]
 
-    async def follow(self, run_ids: list[str]) -> subprocess.Popen[str]:
+    async def follow(
+        self, run_ids: list[str], *, paths: list[str] | None = None, port: int | None = None
+    ) -> subprocess.Popen[str]:
+        """The followers of the run IDs' output streams (or of ``paths`` on ``port``)."""
         config = {
             "host": "127.0.0.1",
-            "port": self.server.port,
+            "port": port or self.server.port,
             "token": self.token,
-            "paths": self.paths(run_ids),
+            "paths": paths or self.paths(run_ids),
         }
         process = start_followers(config)
         assert process.stdout is not None
@@ -188,11 +197,6 @@ class Bench:
         """CPU seconds so far of each Postgres backend serving the bench's database."""
         database = urlsplit(self.server.settings.database_url or "").path.lstrip("/")
         return backends_of(database) if database else {}
-
-    def cpu(self) -> tuple[float, float]:
-        return process_cpu_seconds(self.server.process.pid), process_cpu_seconds(  # type: ignore[union-attr]
-            self.worker_pid
-        )
 
     async def start_workflows(
         self,
@@ -340,9 +344,28 @@ class Bench:
         host_before = host_loop_ms()
         run_ids = [f"{mode}-{uuid.uuid4().hex[:8]}" for _ in range(streams)]
         tokens = int(rate * seconds)
-        await self.create_streams(run_ids)
-        followers = await self.follow(run_ids)
-        if mode == "http":
+        # The processes whose CPU the ``server`` and ``worker`` columns show.
+        server_pid, worker_pid = self.server.process.pid, self.worker_pid  # type: ignore[union-attr]
+        floor: list[subprocess.Popen[str]] = []  # the floor's server and producer
+        if mode == "floor":
+            dsn = self.server.settings.database_url or ""
+            await token_floor.setup(dsn)
+            floor_server, port = await asyncio.to_thread(token_floor.start_server, dsn)
+            floor.append(floor_server)
+            paths = [token_floor.path(i + 1) for i in range(streams)]
+            followers = await self.follow(run_ids, paths=paths, port=port)
+        else:
+            await self.create_streams(run_ids)
+            followers = await self.follow(run_ids)
+        if mode == "floor":
+            start_at = time.time() + 1.0
+            producer = token_floor.start_producer(
+                dsn, tokens, rate, start_at, phase_offsets(streams, rate, spread)
+            )
+            floor.append(producer)
+            server_pid, worker_pid = floor_server.pid, producer.pid
+            load: Any = asyncio.to_thread(token_floor.wait_produced, producer)
+        elif mode == "http":
             connections = [await RawAppender.open(self.server, self.token, r) for r in run_ids]
             start_at = time.time() + 0.5
             offsets = phase_offsets(streams, rate, spread)
@@ -354,7 +377,7 @@ class Bench:
                         await asyncio.sleep(wait)
                     await connection.append(i)
 
-            load: Any = asyncio.gather(
+            load = asyncio.gather(
                 *(write_load(c, o) for c, o in zip(connections, offsets, strict=True))
             )
         else:
@@ -363,7 +386,7 @@ class Bench:
             )
             load = asyncio.gather(*(h.result() for h in handles))
         await asyncio.sleep(max(0.0, start_at - time.time()))
-        server0, worker0 = self.cpu()
+        server0, worker0 = process_cpu_seconds(server_pid), process_cpu_seconds(worker_pid)
         followers0, machine0 = process_cpu_seconds(followers.pid), machine_busy_seconds()
         postgres0 = self.postgres_cpu()
         started = time.monotonic()
@@ -375,11 +398,13 @@ class Bench:
             for connection in connections:
                 connection.close()
         elapsed = time.monotonic() - started
-        server1, worker1 = self.cpu()
+        server1, worker1 = process_cpu_seconds(server_pid), process_cpu_seconds(worker_pid)
         followers1, machine1 = process_cpu_seconds(followers.pid), machine_busy_seconds()
         postgres1 = self.postgres_cpu()
         postgres = sum(cpu - postgres0.get(pid, 0.0) for pid, cpu in postgres1.items())
         latencies, check = await self.collected(followers, tokens * streams)
+        for process in floor:
+            token_floor.stop(process)
         check["host_loop_ms"] = [host_before, host_loop_ms()]
         during.sort()
         check["host_loop_ms_during"] = (
@@ -514,6 +539,11 @@ def phase_offsets(streams: int, rate: float, spread: bool) -> list[float]:
     return [i / streams / rate for i in range(streams)]
 
 
+# The concurrent loads, in the order they run: the floor just before the activity load
+# it is the floor of.
+CONCURRENT_MODES = ("floor", "activity", "answer", "http")
+
+
 async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, Any]:
     await migrate(dsn)
     env = await WorkflowEnvironment.start_local(
@@ -562,15 +592,15 @@ async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, A
                 )
             if wanted("single-http"):
                 result["single"]["http"] = await bench.single_http(args.single_http_seconds)
-            for mode in ("activity", "answer", "http"):
+            for mode in CONCURRENT_MODES:
                 for _ in range(args.repeat):
-                    if wanted(mode):
+                    if wanted(mode) or (mode == "floor" and wanted("activity") and args.floor):
                         row = await bench.concurrent(
                             mode, args.streams, args.rate, args.seconds, args.phases == "spread"
                         )
                         result["concurrent"].setdefault(mode, row)
                         result["concurrent"].setdefault(f"{mode}_runs", []).append(row)
-            for mode in ("activity", "answer", "http"):
+            for mode in CONCURRENT_MODES:
                 runs = result["concurrent"].pop(f"{mode}_runs", [])
                 if len(runs) > 1:
                     result["concurrent"][mode] = median_run(runs)
@@ -637,6 +667,18 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
             " host_loop_ms: a thread's speed on this host at that moment)"
         )
     activity = result["concurrent"].get("activity")
+    floor = result["concurrent"].get("floor")
+    if activity and floor:
+        ratios = [
+            f"{key[:3]} {activity['delivery'][key] / floor['delivery'][key]:.2f}"
+            for key in ("p50_ms", "p99_ms")
+            if activity["delivery"].get(key) and floor["delivery"].get(key)
+        ]
+        print(
+            "activity / floor: " + ", ".join(ratios) + " (floor: the same tokens, commits and"
+            " followers with no product code in between, bench/token_floor.py; its server"
+            " and worker columns are its SSE server and its producer)"
+        )
     if activity and activity.get("append_requests"):
         print(
             f"activity: {activity['append_requests']} append requests,"
@@ -672,7 +714,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         help="comma-separated parts to run: single-activity, single-workflow, single-http, "
-        "activity, answer, http (the concurrent loads); default all",
+        "floor, activity, answer, http (the concurrent loads; the floor comes with "
+        "activity); default all",
+    )
+    parser.add_argument(
+        "--no-floor",
+        dest="floor",
+        action="store_false",
+        help="skip the floor (bench/token_floor.py) that runs before the activity load",
     )
     parser.add_argument(
         "--phases",
