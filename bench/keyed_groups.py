@@ -22,6 +22,10 @@ per request, and the backend's CPU per request (from /proc, when readable), for:
 
 So ``keys, 0020's function + receipt key`` is the statement before 0033 and 0034, and
 ``keys`` the statement after both.
+
+``--watched``: the streams have an SSE follower (``watched_until`` ahead) and the
+statement sends its wakes (``p_notify``), to a LISTEN connection of the bench, as at
+100 streaming activities.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ RECEIPT_KEY = """
 ALTER TABLE workflow_streams.append_receipts ADD CONSTRAINT bench_receipt_key
     FOREIGN KEY (stream_pk) REFERENCES workflow_streams.streams ON DELETE CASCADE NOT VALID"""
 NO_RECEIPT_KEY = "ALTER TABLE workflow_streams.append_receipts DROP CONSTRAINT bench_receipt_key"
+WATCHED = """
+UPDATE workflow_streams.streams SET watched_until = now() + interval '1 hour'
+ WHERE stream_pk = ANY ($1)"""
 
 
 def old_function_sql(path: Path = OLD_FUNCTION) -> str:
@@ -74,7 +81,13 @@ def backend_cpu(pid: int) -> float | None:
 
 
 async def measure(
-    conn: asyncpg.Connection, query: str, pks: list[int], records: int, keyed: bool, calls: int
+    conn: asyncpg.Connection,
+    query: str,
+    pks: list[int],
+    records: int,
+    keyed: bool,
+    calls: int,
+    notify: bool = False,
 ) -> tuple[float, float | None]:
     """Microseconds per statement (wall) and backend CPU per statement."""
     label = f"{time.monotonic_ns()}"
@@ -88,7 +101,7 @@ async def measure(
             for pk in pks
         ]
         shape = (pks, [1] * len(pks), [records] * len(pks))
-        return (*shape, *statement_arguments(batches), False, None)
+        return (*shape, *statement_arguments(batches), notify, None)
 
     prepared = [args(i) for i in range(calls + 10)]
     for i in range(10):
@@ -104,9 +117,14 @@ async def measure(
     return wall, cpu
 
 
-async def run(dsn: str, rounds: int, calls: int, streams: int, records: int) -> None:
+async def run(
+    dsn: str, rounds: int, calls: int, streams: int, records: int, watched: bool = False
+) -> None:
     await migrate(dsn)
     conn = await asyncpg.connect(dsn)
+    listener = await asyncpg.connect(dsn)
+    if watched:
+        await listener.add_listener("workflow_streams", lambda *_: None)
     try:
         await conn.execute("SET synchronous_commit = off")
         await conn.execute(old_function_sql())
@@ -126,10 +144,12 @@ async def run(dsn: str, rounds: int, calls: int, streams: int, records: int) -> 
                     int(await conn.fetchval(NEW_STREAM, f"kg-{time.monotonic_ns()}-{n}"))
                     for n in range(streams)
                 ]
+                if watched:
+                    await conn.execute(WATCHED, pks)
                 if receipt_key:
                     await conn.execute(RECEIPT_KEY)
                 try:
-                    wall, cpu = await measure(conn, query, pks, records, keyed, calls)
+                    wall, cpu = await measure(conn, query, pks, records, keyed, calls, watched)
                 finally:
                     if receipt_key:
                         await conn.execute(NO_RECEIPT_KEY)
@@ -138,9 +158,10 @@ async def run(dsn: str, rounds: int, calls: int, streams: int, records: int) -> 
                     results[title][1].append(cpu)
     finally:
         await conn.close()
+        await listener.close()
     print(
-        f"{streams} streams x 1 request x {records} records a statement, {calls} statements,"
-        f" {rounds} rounds (medians)"
+        f"{streams} {'watched ' if watched else ''}streams x 1 request x {records} records a"
+        f" statement, {calls} statements, {rounds} rounds (medians)"
     )
     print(f"{'statement':<38}{'us/stmt':>10}{'us/request':>12}{'pg cpu us/request':>19}")
     for title, (walls, cpus) in results.items():
@@ -155,9 +176,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=200)
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--records", type=int, default=2)
+    parser.add_argument(
+        "--watched", action="store_true", help="streams with a follower: the wakes go too"
+    )
     args = parser.parse_args(argv)
     with postgres_server() as server_dsn, isolated_database(server_dsn) as dsn:
-        asyncio.run(run(dsn, args.rounds, args.calls, args.streams, args.records))
+        asyncio.run(run(dsn, args.rounds, args.calls, args.streams, args.records, args.watched))
     return 0
 
 
