@@ -193,6 +193,21 @@ class Bench:
         }
         return latencies, check
 
+    async def start_floor(
+        self, run_ids: list[str], tokens: int, rate: float, offsets: list[float]
+    ) -> tuple[subprocess.Popen[str], list[subprocess.Popen[str]], float, Any]:
+        """bench/token_floor.py's server, followers of its streams and its producer:
+        (followers, [server, producer], the load's start, the load to await)."""
+        dsn = self.server.settings.database_url or ""
+        await token_floor.setup(dsn)
+        server, port = await asyncio.to_thread(token_floor.start_server, dsn)
+        paths = [token_floor.path(i + 1) for i in range(len(run_ids))]
+        followers = await self.follow(run_ids, paths=paths, port=port)
+        start_at = time.time() + 1.0
+        producer = token_floor.start_producer(dsn, tokens, rate, start_at, offsets)
+        load = asyncio.to_thread(token_floor.wait_produced, producer)
+        return followers, [server, producer], start_at, load
+
     def postgres_cpu(self) -> dict[int, float]:
         """CPU seconds so far of each Postgres backend serving the bench's database."""
         database = urlsplit(self.server.settings.database_url or "").path.lstrip("/")
@@ -348,43 +363,33 @@ class Bench:
         server_pid, worker_pid = self.server.process.pid, self.worker_pid  # type: ignore[union-attr]
         floor: list[subprocess.Popen[str]] = []  # the floor's server and producer
         if mode == "floor":
-            dsn = self.server.settings.database_url or ""
-            await token_floor.setup(dsn)
-            floor_server, port = await asyncio.to_thread(token_floor.start_server, dsn)
-            floor.append(floor_server)
-            paths = [token_floor.path(i + 1) for i in range(streams)]
-            followers = await self.follow(run_ids, paths=paths, port=port)
+            followers, floor, start_at, load = await self.start_floor(
+                run_ids, tokens, rate, phase_offsets(streams, rate, spread)
+            )
+            server_pid, worker_pid = (process.pid for process in floor)
         else:
             await self.create_streams(run_ids)
             followers = await self.follow(run_ids)
-        if mode == "floor":
-            start_at = time.time() + 1.0
-            producer = token_floor.start_producer(
-                dsn, tokens, rate, start_at, phase_offsets(streams, rate, spread)
-            )
-            floor.append(producer)
-            server_pid, worker_pid = floor_server.pid, producer.pid
-            load: Any = asyncio.to_thread(token_floor.wait_produced, producer)
-        elif mode == "http":
-            connections = [await RawAppender.open(self.server, self.token, r) for r in run_ids]
-            start_at = time.time() + 0.5
-            offsets = phase_offsets(streams, rate, spread)
+            if mode == "http":
+                connections = [await RawAppender.open(self.server, self.token, r) for r in run_ids]
+                start_at = time.time() + 0.5
+                offsets = phase_offsets(streams, rate, spread)
 
-            async def write_load(connection: RawAppender, offset: float) -> None:
-                for i in range(tokens):
-                    wait = start_at + offset + i / rate - time.time()
-                    if wait > 0:
-                        await asyncio.sleep(wait)
-                    await connection.append(i)
+                async def write_load(connection: RawAppender, offset: float) -> None:
+                    for i in range(tokens):
+                        wait = start_at + offset + i / rate - time.time()
+                        if wait > 0:
+                            await asyncio.sleep(wait)
+                        await connection.append(i)
 
-            load = asyncio.gather(
-                *(write_load(c, o) for c, o in zip(connections, offsets, strict=True))
-            )
-        else:
-            handles, start_at = await self.start_workflows(
-                mode, run_ids, tokens, rate, lead=2.0 + 0.05 * streams, spread=spread
-            )
-            load = asyncio.gather(*(h.result() for h in handles))
+                load = asyncio.gather(
+                    *(write_load(c, o) for c, o in zip(connections, offsets, strict=True))
+                )
+            else:
+                handles, start_at = await self.start_workflows(
+                    mode, run_ids, tokens, rate, lead=2.0 + 0.05 * streams, spread=spread
+                )
+                load = asyncio.gather(*(h.result() for h in handles))
         await asyncio.sleep(max(0.0, start_at - time.time()))
         server0, worker0 = process_cpu_seconds(server_pid), process_cpu_seconds(worker_pid)
         followers0, machine0 = process_cpu_seconds(followers.pid), machine_busy_seconds()
@@ -592,9 +597,15 @@ async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, A
                 )
             if wanted("single-http"):
                 result["single"]["http"] = await bench.single_http(args.single_http_seconds)
+
+            def measured(mode: str) -> bool:
+                if mode == "floor":  # it comes with the activity load
+                    return args.floor and (wanted("floor") or wanted("activity"))
+                return wanted(mode)
+
             for mode in CONCURRENT_MODES:
                 for _ in range(args.repeat):
-                    if wanted(mode) or (mode == "floor" and wanted("activity") and args.floor):
+                    if measured(mode):
                         row = await bench.concurrent(
                             mode, args.streams, args.rate, args.seconds, args.phases == "spread"
                         )
