@@ -29,6 +29,11 @@ is the follower's receive time minus ``t`` (one host clock).
      producer process group-committing inserts with their NOTIFY, and a bare SSE
      server writing each notified record to its subscriber); its ``server`` and
      ``worker`` columns are that server and that producer.
+   - ``sql_floor`` (after ``floor``, skipped with it): the same two bare processes with
+     the product's Postgres side between them, in a database of its own (the appender's
+     statement with keys, credit and counters; the product's wakes): ``sql_floor`` over
+     ``floor`` is what the product's SQL costs the load, ``activity`` over ``sql_floor``
+     what its processes cost it (bench/token_floor.py, ``--sql``).
    - ``activity``: one activity per stream writes them with ``stream_writer`` as it
      makes them.
    - ``answer``: one activity per stream makes them at the same pace and returns them
@@ -116,8 +121,10 @@ class Bench:
         client: Client,
         worker_pid: int,
         hops_dir: Path | None = None,
+        floor_dsn: str | None = None,
     ) -> None:
         self.server = server
+        self.floor_dsn = floor_dsn  # the sql floor's database
         self.hops_dir = hops_dir
         self.last_results: list[dict[str, Any]] = []
         self.server_pool: asyncpg.Pool | None = None  # the bench's own queries
@@ -194,23 +201,31 @@ class Bench:
         return latencies, check
 
     async def start_floor(
-        self, run_ids: list[str], tokens: int, rate: float, offsets: list[float]
+        self, run_ids: list[str], tokens: int, rate: float, offsets: list[float], sql: bool
     ) -> tuple[subprocess.Popen[str], list[subprocess.Popen[str]], float, Any]:
         """bench/token_floor.py's server, followers of its streams and its producer:
-        (followers, [server, producer], the load's start, the load to await)."""
-        dsn = self.server.settings.database_url or ""
-        await token_floor.setup(dsn)
-        server, port = await asyncio.to_thread(token_floor.start_server, dsn)
-        paths = [token_floor.path(i + 1) for i in range(len(run_ids))]
+        (followers, [server, producer], the load's start, the load to await). ``sql``:
+        its ``--sql`` form, in ``floor_dsn``."""
+        stream_pks: list[int] | None = None
+        if sql:
+            dsn = self.floor_dsn or ""
+            stream_pks = await token_floor.setup_sql(dsn, len(run_ids))
+            paths = [token_floor.path(pk) for pk in stream_pks]
+        else:
+            dsn = self.server.settings.database_url or ""
+            await token_floor.setup(dsn)
+            paths = [token_floor.path(i + 1) for i in range(len(run_ids))]
+        server, port = await asyncio.to_thread(token_floor.start_server, dsn, sql)
         followers = await self.follow(run_ids, paths=paths, port=port)
         start_at = time.time() + 1.0
-        producer = token_floor.start_producer(dsn, tokens, rate, start_at, offsets)
+        producer = token_floor.start_producer(dsn, tokens, rate, start_at, offsets, stream_pks)
         load = asyncio.to_thread(token_floor.wait_produced, producer)
         return followers, [server, producer], start_at, load
 
-    def postgres_cpu(self) -> dict[int, float]:
-        """CPU seconds so far of each Postgres backend serving the bench's database."""
-        database = urlsplit(self.server.settings.database_url or "").path.lstrip("/")
+    def postgres_cpu(self, dsn: str | None = None) -> dict[int, float]:
+        """CPU seconds so far of each Postgres backend serving the bench's database (or
+        ``dsn``'s)."""
+        database = urlsplit(dsn or self.server.settings.database_url or "").path.lstrip("/")
         return backends_of(database) if database else {}
 
     async def start_workflows(
@@ -362,9 +377,10 @@ class Bench:
         # The processes whose CPU the ``server`` and ``worker`` columns show.
         server_pid, worker_pid = self.server.process.pid, self.worker_pid  # type: ignore[union-attr]
         floor: list[subprocess.Popen[str]] = []  # the floor's server and producer
-        if mode == "floor":
+        database = self.floor_dsn if mode == "sql_floor" else None  # whose backends
+        if mode in ("floor", "sql_floor"):
             followers, floor, start_at, load = await self.start_floor(
-                run_ids, tokens, rate, phase_offsets(streams, rate, spread)
+                run_ids, tokens, rate, phase_offsets(streams, rate, spread), mode == "sql_floor"
             )
             server_pid, worker_pid = (process.pid for process in floor)
         else:
@@ -393,7 +409,7 @@ class Bench:
         await asyncio.sleep(max(0.0, start_at - time.time()))
         server0, worker0 = process_cpu_seconds(server_pid), process_cpu_seconds(worker_pid)
         followers0, machine0 = process_cpu_seconds(followers.pid), machine_busy_seconds()
-        postgres0 = self.postgres_cpu()
+        postgres0 = self.postgres_cpu(database)
         started = time.monotonic()
         during: list[float] = []
         probes = asyncio.get_running_loop().create_task(host_probes(during))
@@ -405,7 +421,7 @@ class Bench:
         elapsed = time.monotonic() - started
         server1, worker1 = process_cpu_seconds(server_pid), process_cpu_seconds(worker_pid)
         followers1, machine1 = process_cpu_seconds(followers.pid), machine_busy_seconds()
-        postgres1 = self.postgres_cpu()
+        postgres1 = self.postgres_cpu(database)
         postgres = sum(cpu - postgres0.get(pid, 0.0) for pid, cpu in postgres1.items())
         latencies, check = await self.collected(followers, tokens * streams)
         for process in floor:
@@ -544,12 +560,12 @@ def phase_offsets(streams: int, rate: float, spread: bool) -> list[float]:
     return [i / streams / rate for i in range(streams)]
 
 
-# The concurrent loads, in the order they run: the floor just before the activity load
-# it is the floor of.
-CONCURRENT_MODES = ("floor", "activity", "answer", "http")
+# The concurrent loads, in the order they run: the floors just before the activity load
+# they are the floors of.
+CONCURRENT_MODES = ("floor", "sql_floor", "activity", "answer", "http")
 
 
-async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, Any]:
+async def _run(args: argparse.Namespace, dsn: str, floor_dsn: str, workdir: Path) -> dict[str, Any]:
     await migrate(dsn)
     env = await WorkflowEnvironment.start_local(
         dev_server_existing_path=str(Path(sys.executable).with_name("temporal")),
@@ -581,7 +597,7 @@ async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, A
                 if worker.poll() is not None:
                     raise RuntimeError(f"the worker exited: see {workdir / 'worker.log'}")
                 await asyncio.sleep(0.1)
-            bench = Bench(server, bench_token(secret), env.client, worker.pid, hops_dir)
+            bench = Bench(server, bench_token(secret), env.client, worker.pid, hops_dir, floor_dsn)
             bench.server_pool = await asyncpg.create_pool(dsn, min_size=1, max_size=2)
             only = set(args.only.split(",")) if args.only else None
 
@@ -599,8 +615,8 @@ async def _run(args: argparse.Namespace, dsn: str, workdir: Path) -> dict[str, A
                 result["single"]["http"] = await bench.single_http(args.single_http_seconds)
 
             def measured(mode: str) -> bool:
-                if mode == "floor":  # it comes with the activity load
-                    return args.floor and (wanted("floor") or wanted("activity"))
+                if mode in ("floor", "sql_floor"):  # they come with the activity load
+                    return args.floor and (wanted(mode) or wanted("floor") or wanted("activity"))
                 return wanted(mode)
 
             for mode in CONCURRENT_MODES:
@@ -677,19 +693,20 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
             f" (median; slowest {slowest}) during it and {after} after (bench/environment.py,"
             " host_loop_ms: a thread's speed on this host at that moment)"
         )
-    activity = result["concurrent"].get("activity")
-    floor = result["concurrent"].get("floor")
-    if activity and floor:
-        ratios = [
-            f"{key[:3]} {activity['delivery'][key] / floor['delivery'][key]:.2f}"
-            for key in ("p50_ms", "p99_ms")
-            if activity["delivery"].get(key) and floor["delivery"].get(key)
-        ]
+    concurrent = result["concurrent"]
+    for upper, lower in (("activity", "floor"), ("sql_floor", "floor"), ("activity", "sql_floor")):
+        if upper in concurrent and lower in concurrent:
+            print(
+                f"{upper} / {lower}: "
+                + ", ".join(latency_ratios(concurrent[upper], concurrent[lower]))
+            )
+    if "floor" in concurrent:
         print(
-            "activity / floor: " + ", ".join(ratios) + " (floor: the same tokens, commits and"
-            " followers with no product code in between, bench/token_floor.py; its server"
-            " and worker columns are its SSE server and its producer)"
+            "(floor: the same tokens, commits and followers with no product code in between;"
+            " sql_floor: the same with the product's SQL and wakes; bench/token_floor.py."
+            " Their server and worker columns are their SSE server and their producer.)"
         )
+    activity = concurrent.get("activity")
     if activity and activity.get("append_requests"):
         print(
             f"activity: {activity['append_requests']} append requests,"
@@ -705,6 +722,15 @@ def print_tables(result: dict[str, Any], args: argparse.Namespace) -> None:
             f"the notes are kept in {hops['notes']}: `python -m bench.hops statements"
             f" {hops['notes']} [FROM_MS TO_MS]` lists the append statements"
         )
+
+
+def latency_ratios(upper: dict[str, Any], lower: dict[str, Any]) -> list[str]:
+    """``p50 <ratio>``, ``p99 <ratio>`` of two concurrent rows' delivery latencies."""
+    return [
+        f"{key[:3]} {upper['delivery'][key] / lower['delivery'][key]:.2f}"
+        for key in ("p50_ms", "p99_ms")
+        if upper["delivery"].get(key) and lower["delivery"].get(key)
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -732,7 +758,8 @@ def main(argv: list[str] | None = None) -> int:
         "--no-floor",
         dest="floor",
         action="store_false",
-        help="skip the floor (bench/token_floor.py) that runs before the activity load",
+        help="skip the floors (bench/token_floor.py, bare and --sql) that run before the "
+        "activity load",
     )
     parser.add_argument(
         "--phases",
@@ -753,8 +780,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     workdir = Path(tempfile.mkdtemp(prefix="bench-activity-streams-"))
-    with postgres_server() as server_dsn, isolated_database(server_dsn) as dsn:
-        result = asyncio.run(_run(args, dsn, workdir))
+    with (
+        postgres_server() as server_dsn,
+        isolated_database(server_dsn) as dsn,
+        isolated_database(server_dsn) as floor_dsn,
+    ):
+        result = asyncio.run(_run(args, dsn, floor_dsn, workdir))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2))
     print(json.dumps(result, indent=2))

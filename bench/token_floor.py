@@ -20,6 +20,17 @@ row), with the same streams, rate and phases:
 What the product adds on top of this is Temporal's activities, the writer and its
 idempotency keys, credit, the streams' rows and counters, the wakes' format and the
 HTTP framework; the floor is what the machine costs for this load without them.
+
+``--sql`` (the ``sql floor`` row) keeps the two bare processes but puts the product's
+Postgres side between them, on streams of the product's schema in a database of their
+own: the producer commits each batch of a stream with the appender's statement for
+several streams (``records_append_stream_groups``, every batch with an idempotency key
+of the writer's shape, its NOTIFY inline, as the appender's statement alone in flight
+sends it), and the server LISTENs to the product's wakes and writes each record they
+carry. So ``sql floor`` against ``floor`` is what the product's SQL (credit under the
+row lock, receipts, counters, the wake's format) costs this load, and ``activity``
+against ``sql floor`` what the product's processes (Temporal, the writer, the appender,
+``serve``) cost it.
 """
 
 from __future__ import annotations
@@ -30,9 +41,18 @@ import json
 import subprocess
 import sys
 import time
+import uuid
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
+
+from ductor_streams.definitions import parse_definition
+from ductor_streams.live.hub import CHANNEL as PRODUCT_CHANNEL
+from ductor_streams.schema import QUERIES
+from ductor_streams.schema.migrate import migrate
+from ductor_streams.store.append import statement_arguments
+from ductor_streams.store.encoding import batch_of_encoded
 
 CHANNEL = "bench_token_floor"
 SETUP = """
@@ -50,6 +70,18 @@ SELECT count(pg_notify('bench_token_floor', stream_id || ' ' || json_build_objec
     'sequence', sequence, 'payload', payload::json, 'appended_at', appended_at)::text))
 FROM r
 """
+# The ``--sql`` floor's streams: the product's rows, watched (so that their appends wake).
+NEW_STREAMS = """
+INSERT INTO workflow_streams.streams
+       (tenant, run_id, stream_id, direction, definition, watched_until)
+SELECT 'bench', r, 'output', 'output', $2::jsonb, now() + interval '1 hour'
+  FROM unnest($1::text[]) AS r
+RETURNING stream_pk"""
+# The producer's connection, as pg_stat_activity names it.
+PRODUCER_APPLICATION = "bench_token_floor_producer"
+# The shape of a stream_writer batch's key (plugin/activity/attempt.py): prefix, the
+# attempt's digest, the attempt, the batch's number.
+KEY = "ds:act:{digest}:1:{number}"
 RESPONSE_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
     b"transfer-encoding: chunked\r\n\r\n"
@@ -69,12 +101,31 @@ async def setup(dsn: str) -> None:
         await conn.close()
 
 
+async def setup_sql(dsn: str, count: int) -> list[int]:
+    """``count`` watched output streams of the product's schema (migrated here) with an
+    activity's stream definition (``model_output``): their stream_pks."""
+    await migrate(dsn)
+    definition = parse_definition(
+        {"stream_id": "output", "direction": "output", "content_class": "model_output"},
+        region="local",
+        object_store_regions=frozenset(),
+    )
+    conn = await asyncpg.connect(dsn)
+    try:
+        run_ids = [f"sql-floor-{uuid.uuid4().hex[:12]}" for _ in range(count)]
+        rows = await conn.fetch(NEW_STREAMS, run_ids, json.dumps(definition.to_json_dict()))
+    finally:
+        await conn.close()
+    return sorted(row["stream_pk"] for row in rows)
+
+
 # -- the SSE side ---------------------------------------------------------------------------
 
 
-async def serve(dsn: str) -> None:
+async def serve(dsn: str, sql: bool = False) -> None:
     """Accepts ``GET /floor/<n>`` and writes stream n's notified records to it; prints
-    the port, then runs until a line arrives on stdin."""
+    the port, then runs until a line arrives on stdin. ``sql``: the records of the
+    product's wakes instead, stream n being stream_pk n."""
     loop = asyncio.get_running_loop()
     subscribers: dict[str, list[asyncio.WriteTransport]] = {}
 
@@ -109,16 +160,42 @@ async def serve(dsn: str) -> None:
         for transport in subscribers.get(stream, ()):
             transport.write(chunk)
 
-    await conn.add_listener(CHANNEL, on_notify)
+    def on_wake(_conn: object, _pid: int, _channel: str, payload: str) -> None:
+        # 'R<stream_pk>:<last>:<first>:<transaction start, epoch us>:<payloads joined
+        # by U+001E>' (live/record_wakes.py). A wake without its records ('r...') is
+        # not written: the followers then miss records, and the run says so.
+        if not payload.startswith("R"):
+            return
+        stream, _, first, micros, joined = payload[1:].split(":", 4)
+        transports = subscribers.get(stream)
+        if not transports:
+            return
+        at = datetime.fromtimestamp(int(micros) / 1e6, UTC).isoformat()
+        sequence = int(first)
+        for record in joined.split("\x1e"):
+            frame = (
+                f'event: record\ndata: {{"sequence":{sequence},"payload":{record},'
+                f'"appended_at":"{at}"}}\n\n'
+            ).encode()
+            chunk = b"%x\r\n%s\r\n" % (len(frame), frame)
+            for transport in transports:
+                transport.write(chunk)
+            sequence += 1
+
+    if sql:
+        await conn.add_listener(PRODUCT_CHANNEL, on_wake)
+    else:
+        await conn.add_listener(CHANNEL, on_notify)
     print(server.sockets[0].getsockname()[1], flush=True)
     await loop.run_in_executor(None, sys.stdin.readline)
     await conn.close()
     server.close()
 
 
-def start_server(dsn: str) -> tuple[subprocess.Popen[str], int]:
+def start_server(dsn: str, sql: bool = False) -> tuple[subprocess.Popen[str], int]:
     process = subprocess.Popen(
-        [sys.executable, "-m", "bench.token_floor", "--serve", "--dsn", dsn],
+        [sys.executable, "-m", "bench.token_floor", "--serve", "--dsn", dsn]
+        + (["--sql"] if sql else []),
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -132,12 +209,18 @@ def start_server(dsn: str) -> tuple[subprocess.Popen[str], int]:
 
 async def produce(config: dict[str, Any]) -> None:
     """``config``: dsn, tokens, rate, start_at (wall time) and offsets (one per stream:
-    its first token's delay after start_at). Prints ``done`` once every token has
-    committed, then exits on a line on stdin (its CPU is read before it goes)."""
-    conn = await asyncpg.connect(config["dsn"])
+    its first token's delay after start_at); with ``stream_pks`` (one per stream), the
+    ``--sql`` floor's commits. Prints ``done`` once every token has committed, then
+    exits on a line on stdin (its CPU is read before it goes)."""
+    conn = await asyncpg.connect(
+        config["dsn"], server_settings={"application_name": PRODUCER_APPLICATION}
+    )
     tokens: int = config["tokens"]
     rate: float = config["rate"]
     offsets: list[float] = config["offsets"]
+    stream_pks: list[int] | None = config.get("stream_pks")
+    streams = stream_pks or list(range(1, len(offsets) + 1))
+    batches_sent: dict[int, int] = {}
     queued: list[tuple[int, int, str]] = []
     arrived = asyncio.Event()
 
@@ -161,23 +244,74 @@ async def produce(config: dict[str, Any]) -> None:
             arrived.clear()
             batch = queued[:]
             del queued[:]
-            await conn.fetchval(
-                APPEND, [s for s, _, _ in batch], [n for _, n, _ in batch], [p for *_, p in batch]
-            )
+            if stream_pks is None:
+                await conn.fetchval(
+                    APPEND,
+                    [s for s, _, _ in batch],
+                    [n for _, n, _ in batch],
+                    [p for *_, p in batch],
+                )
+            else:
+                await append_sql(conn, batch, batches_sent)
             left -= len(batch)
 
     await asyncio.gather(
-        committer(), *(producer(i + 1, offset) for i, offset in enumerate(offsets))
+        committer(),
+        *(producer(stream, offset) for stream, offset in zip(streams, offsets, strict=True)),
     )
-    await conn.close()
     print("done", flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.readline)
+    # Closed only now: the bench reads the CPU of the backends connected to the
+    # database after the load, and a backend that has exited is not counted.
+    await conn.close()
+
+
+async def append_sql(
+    conn: asyncpg.Connection, queued: list[tuple[int, int, str]], sent: dict[int, int]
+) -> None:
+    """The queued tokens as one batch per stream, in one ``records_append_stream_groups``
+    statement (streams ascending, as the appender sends them); ``sent`` counts each
+    stream's batches (their keys' numbers). Raises unless every batch was appended."""
+    by_stream: dict[int, list[bytes]] = {}
+    for stream_pk, _, payload in queued:
+        by_stream.setdefault(stream_pk, []).append(payload.encode())
+    pks = sorted(by_stream)
+    batches = []
+    for pk in pks:
+        sent[pk] = number = sent.get(pk, 0) + 1
+        key = KEY.format(digest=f"{pk:032x}", number=number)
+        batches.append(batch_of_encoded(by_stream[pk], idempotency_key=key))
+    rows = await conn.fetch(
+        QUERIES["records_append_stream_groups"],
+        pks,
+        [1] * len(pks),
+        [b.count for b in batches],
+        *statement_arguments(batches),
+        True,  # the wakes inline: one statement in flight, as the appender's alone
+        None,
+    )
+    outcomes = {row["outcome"] for row in rows}
+    if outcomes != {"appended"} or len(rows) != len(pks):
+        raise RuntimeError(f"the sql floor's append answered {sorted(outcomes)}")
 
 
 def start_producer(
-    dsn: str, tokens: int, rate: float, start_at: float, offsets: list[float]
+    dsn: str,
+    tokens: int,
+    rate: float,
+    start_at: float,
+    offsets: list[float],
+    stream_pks: list[int] | None = None,
 ) -> subprocess.Popen[str]:
-    config = {"dsn": dsn, "tokens": tokens, "rate": rate, "start_at": start_at, "offsets": offsets}
+    config: dict[str, Any] = {
+        "dsn": dsn,
+        "tokens": tokens,
+        "rate": rate,
+        "start_at": start_at,
+        "offsets": offsets,
+    }
+    if stream_pks is not None:
+        config["stream_pks"] = stream_pks
     return subprocess.Popen(
         [sys.executable, "-m", "bench.token_floor", "--produce", json.dumps(config)],
         stdin=subprocess.PIPE,
@@ -206,12 +340,13 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.token_floor", description=__doc__)
     parser.add_argument("--serve", action="store_true")
     parser.add_argument("--dsn")
+    parser.add_argument("--sql", action="store_true", help="with --serve: the product's wakes")
     parser.add_argument("--produce", metavar="JSON")
     args = parser.parse_args(argv)
     import uvloop
 
     if args.serve and args.dsn:
-        uvloop.run(serve(args.dsn))
+        uvloop.run(serve(args.dsn, args.sql))
     elif args.produce:
         uvloop.run(produce(json.loads(args.produce)))
     else:

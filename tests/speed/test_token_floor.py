@@ -1,11 +1,13 @@
-"""bench/token_floor.py, the floor bench.activity_streams prints beside the activity load,
-and bench/sse_followers.py, which times both: their figures are quoted, so the floor must
-store and deliver every token once, in order, and the followers must time a record by
-the bytes that completed it."""
+"""bench/token_floor.py, the floors bench.activity_streams prints beside the activity load
+(bare, and ``--sql`` with the product's statement and wakes), and bench/sse_followers.py,
+which times them all: their figures are quoted, so each floor must store and deliver
+every token once, in order, and the followers must time a record by the bytes that
+completed it."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import subprocess
 import time
 
@@ -72,6 +74,70 @@ async def test_the_floor_stores_and_delivers_every_token_once_in_order(
         for _, writer in subscribers:
             writer.close()
     finally:
+        if producer is not None:
+            token_floor.stop(producer)
+        token_floor.stop(server)
+
+
+async def test_the_sql_floor_appends_through_the_product_and_delivers_its_wakes(
+    database_url: str,
+) -> None:
+    stream_pks = await token_floor.setup_sql(database_url, STREAMS)
+    server, port = await asyncio.to_thread(token_floor.start_server, database_url, True)
+    producer: subprocess.Popen[str] | None = None
+    conn = await asyncpg.connect(database_url)
+    try:
+        subscribers = [await _subscribe(port, pk) for pk in stream_pks]
+        started = time.time()
+        producer = token_floor.start_producer(
+            database_url, TOKENS, 200.0, started + 0.2, [0.0, 0.001, 0.002], stream_pks
+        )
+        parsers = await asyncio.gather(*(_follow(r, TOKENS) for r, _ in subscribers))
+        await asyncio.to_thread(token_floor.wait_produced, producer)
+        for parser in parsers:
+            assert parser.sequences == list(range(1, TOKENS + 1))
+            assert all(0 < latency < 10_000 for latency in parser.latencies)
+        # Done, and still connected: the bench reads its backend's CPU after the load.
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
+                token_floor.PRODUCER_APPLICATION,
+            )
+            == 1
+        )
+        rows = await conn.fetch(
+            "SELECT s.stream_pk, s.latest_sequence,"
+            " array_agg(r.sequence ORDER BY r.sequence) AS seqs,"
+            " array_agg((r.payload::json ->> 'i')::int ORDER BY r.sequence) AS tokens"
+            " FROM workflow_streams.streams s JOIN workflow_streams.records r USING (stream_pk)"
+            " WHERE s.stream_pk = ANY ($1) GROUP BY s.stream_pk ORDER BY s.stream_pk",
+            stream_pks,
+        )
+        receipts = await conn.fetch(
+            "SELECT stream_pk, idempotency_key, first_sequence, last_sequence"
+            " FROM workflow_streams.append_receipts WHERE stream_pk = ANY ($1)"
+            " ORDER BY stream_pk, first_sequence",
+            stream_pks,
+        )
+        assert [r["stream_pk"] for r in rows] == stream_pks
+        for row in rows:
+            assert row["latest_sequence"] == TOKENS
+            assert row["seqs"] == list(range(1, TOKENS + 1))
+            assert row["tokens"] == list(range(TOKENS))
+            # One keyed batch per commit that carried the stream: numbered 1, 2, ...,
+            # covering its sequences without a gap, as a writer's batches do.
+            mine = [r for r in receipts if r["stream_pk"] == row["stream_pk"]]
+            assert [r["idempotency_key"].rsplit(":", 1)[1] for r in mine] == [
+                str(n) for n in range(1, len(mine) + 1)
+            ]
+            assert mine[0]["first_sequence"] == 1 and mine[-1]["last_sequence"] == TOKENS
+            assert all(
+                a["last_sequence"] + 1 == b["first_sequence"] for a, b in itertools.pairwise(mine)
+            )
+        for _, writer in subscribers:
+            writer.close()
+    finally:
+        await conn.close()
         if producer is not None:
             token_floor.stop(producer)
         token_floor.stop(server)
