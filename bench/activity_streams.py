@@ -751,8 +751,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--only",
         help="comma-separated parts to run: single-activity, single-workflow, single-http, "
-        "floor, activity, answer, http (the concurrent loads; the floor comes with "
-        "activity); default all",
+        "floor, sql_floor, activity, answer, http (the concurrent loads; floor also "
+        "runs sql_floor, and both come with activity); default all",
     )
     parser.add_argument(
         "--no-floor",
