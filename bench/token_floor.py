@@ -42,13 +42,14 @@ import subprocess
 import sys
 import time
 import uuid
-from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
 
 from ductor_streams.definitions import parse_definition
 from ductor_streams.live.hub import CHANNEL as PRODUCT_CHANNEL
+from ductor_streams.live.record_wakes import parse_record_wake
+from ductor_streams.plugin.activity.attempt import KEY_PREFIX
 from ductor_streams.schema import QUERIES
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store.append import statement_arguments
@@ -79,9 +80,9 @@ SELECT 'bench', r, 'output', 'output', $2::jsonb, now() + interval '1 hour'
 RETURNING stream_pk"""
 # The producer's connection, as pg_stat_activity names it.
 PRODUCER_APPLICATION = "bench_token_floor_producer"
-# The shape of a stream_writer batch's key (plugin/activity/attempt.py): prefix, the
+# The shape of a stream_writer batch's key (plugin/activity/attempt.py): the prefix, the
 # attempt's digest, the attempt, the batch's number.
-KEY = "ds:act:{digest}:1:{number}"
+KEY = KEY_PREFIX + "{digest}:1:{number}"
 RESPONSE_HEAD = (
     b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n"
     b"transfer-encoding: chunked\r\n\r\n"
@@ -161,26 +162,25 @@ async def serve(dsn: str, sql: bool = False) -> None:
             transport.write(chunk)
 
     def on_wake(_conn: object, _pid: int, _channel: str, payload: str) -> None:
-        # 'R<stream_pk>:<last>:<first>:<transaction start, epoch us>:<payloads joined
-        # by U+001E>' (live/record_wakes.py). A wake without its records ('r...') is
-        # not written: the followers then miss records, and the run says so.
-        if not payload.startswith("R"):
+        # Read with the product's own parser (the format lives in one place). A wake
+        # without its records ('r...') is not written: the followers then miss
+        # records, and the run says so.
+        wake = parse_record_wake(payload)
+        if wake is None:
             return
-        stream, _, first, micros, joined = payload[1:].split(":", 4)
-        transports = subscribers.get(stream)
+        stream_pk, _, records = wake
+        transports = subscribers.get(str(stream_pk))
         if not transports:
             return
-        at = datetime.fromtimestamp(int(micros) / 1e6, UTC).isoformat()
-        sequence = int(first)
-        for record in joined.split("\x1e"):
+        at = records[0].appended_at.isoformat()
+        for record in records:
             frame = (
-                f'event: record\ndata: {{"sequence":{sequence},"payload":{record},'
-                f'"appended_at":"{at}"}}\n\n'
+                f'event: record\ndata: {{"sequence":{record.sequence},'
+                f'"payload":{record.payload},"appended_at":"{at}"}}\n\n'
             ).encode()
             chunk = b"%x\r\n%s\r\n" % (len(frame), frame)
             for transport in transports:
                 transport.write(chunk)
-            sequence += 1
 
     if sql:
         await conn.add_listener(PRODUCT_CHANNEL, on_wake)
