@@ -10,7 +10,10 @@ UV     := $(TOOLS)/bin/uv
 # The machine's Python, never one uv would download.
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: dev test lint bench install lock image schema
+.PHONY: dev test test-tools lint bench install lock image schema
+
+# `make dev PORT=8001` when 8000 is taken.
+PORT ?= 8000
 
 $(UV):
 	$(PYTHON) -m venv $(TOOLS)
@@ -35,14 +38,19 @@ image: $(UV)
 	UV=$(UV) deploy/build-image.sh
 
 dev: install
-	$(BIN)/ductor-streams dev
+	$(BIN)/ductor-streams dev --port $(PORT)
 
 lint: install
 	$(BIN)/ruff check ductor_streams tests bench examples
 	$(BIN)/ruff format --check ductor_streams tests bench examples
 	$(BIN)/mypy ductor_streams bench
 
-test: lint
+# The machine's tools the tests drive (browsers, nginx, podman, node): installed from
+# Debian's packages when missing, or listed and refused (scripts/test-tools).
+test-tools:
+	scripts/test-tools
+
+test: lint test-tools
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 # After adding a migration: regenerate the current schema (ductor_streams/schema/schema.sql)

@@ -49,7 +49,11 @@ def _free_port() -> int:
 
 
 def _port_free(port: int) -> bool:
+    """Whether a server could listen on ``port`` now. With SO_REUSEADDR, as uvicorn and
+    the Temporal dev server bind: a socket of the last run still in TIME_WAIT after a
+    Ctrl-C does not count as the port being in use."""
     with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind(("127.0.0.1", port))
         except OSError:

@@ -23,7 +23,12 @@ import pytest
 from ductor_streams.auth import SCOPES, issue_token
 from ductor_streams.dev import temporal_binary
 from tests.deploy.engine import Engine
-from tests.deploy.helpers import JWT_SECRET, SIGTERM_BOUND_SECONDS, free_port
+from tests.deploy.helpers import (
+    JWT_SECRET,
+    SIGTERM_BOUND_SECONDS,
+    free_port,
+    reachable_from_a_container,
+)
 
 if TYPE_CHECKING:  # imported by name, pytest would try to collect it as a test class
     from tests.support.postgres import TestDatabase
@@ -83,7 +88,7 @@ def run_args(
     args = ["run", "--network", "host", "--read-only", "--tmpfs", "/tmp"]
     args += [
         "-e",
-        f"DUCTOR_STREAMS_DATABASE_URL={dsn}",
+        f"DUCTOR_STREAMS_DATABASE_URL={reachable_from_a_container(dsn)}",
         "-e",
         f"DUCTOR_STREAMS_JWT_SECRET={JWT_SECRET}",
     ]
