@@ -779,7 +779,33 @@ class ContractJsonRenderPlugin(JsonRenderPlugin):
     """Serves ``/schema/openapi.json`` completed by ``complete_openapi``."""
 
     def render(self, request: Request[Any, Any, Any], openapi_schema: dict[str, Any]) -> bytes:
-        return super().render(request, complete_openapi(openapi_schema))
+        document = complete_openapi(openapi_schema)
+        runtime = getattr(request.app.state, "runtime", None)
+        if runtime is not None:
+            settings = runtime.settings
+            document = for_deployment(document, settings.region, settings.object_store_regions)
+        return super().render(request, document)
+
+
+def for_deployment(
+    document: dict[str, Any], region: str, store_regions: frozenset[str]
+) -> dict[str, Any]:
+    """A copy of ``document`` whose definition schema names the regions this deployment
+    serves: a ``metadata_home`` other than its region, or an object region without a
+    store, is refused (422 ``placement_mismatch``), so the document says so rather than
+    describe such a definition as valid."""
+    document = copy.deepcopy(document)
+    placement = document["components"]["schemas"].get("Placement")
+    if placement is None:
+        return document
+    fields = placement["properties"]
+    fields["metadata_home"]["anyOf"][0]["enum"] = [region]
+    array = fields["object_regions"]["anyOf"][0]
+    if store_regions:
+        array["items"]["enum"] = sorted(store_regions)
+    else:
+        array["maxItems"] = 0
+    return document
 
 
 @get("/{path:str}", include_in_schema=False, sync_to_thread=False)

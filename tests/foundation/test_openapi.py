@@ -118,3 +118,19 @@ async def test_a_float_with_a_fraction_is_refused_where_an_integer_goes(client, 
     # Query parameters are text: a cursor is digits only.
     r = await client.get(stream_url(run_id, "s", "/records?cursor=1.0"), headers=h)
     assert_problem(r, 400, "invalid_cursor")
+
+
+async def test_the_definition_schema_names_the_regions_this_deployment_serves(
+    document, client, auth, run_id
+):
+    """A definition the document calls valid is never refused for its placement: the
+    metadata home is this deployment's region, object regions those with a store."""
+    placement = document["components"]["schemas"]["Placement"]["properties"]
+    assert placement["metadata_home"]["anyOf"][0]["enum"] == ["local"]
+    assert placement["object_regions"]["anyOf"][0]["items"]["enum"] == ["local"]
+    r = await client.post(
+        f"{API_MOUNT}/runs/{run_id}/streams",
+        json={"stream_id": "s", "direction": "output", "placement": {"object_regions": ["mars"]}},
+        headers=auth(),
+    )
+    assert_problem(r, 422, "placement_mismatch")
