@@ -397,3 +397,12 @@ class InvalidProducer(StreamsError):
 
     code = "invalid_producer"
     status = 400
+
+
+class ClientGone(Exception):
+    """The client went away before its answer: nothing more is done for it.
+
+    Not a domain error (there is nobody to answer): raised by a wait on the client's
+    behalf when its connection closes (store/credit_wait.py, http/disconnect.py), and
+    by a body read that the client abandoned. The HTTP fronts answer nothing.
+    """

@@ -15,6 +15,11 @@ Call sites, by metric:
 - ``DELIVERY_ATTEMPTS``, ``DELIVERY_LATENCY``: the dispatcher, once per signal attempt /
   per delivered record (commit of the record -> Temporal accepted the signal).
 - ``SUBSCRIBERS``: the SSE handler (inc on start, dec in ``finally``).
+- ``REQUESTS_WAITING``, ``WAITS_ABANDONED``: waits on a caller's behalf, by reason:
+  ``credit`` (store/credit_wait.py: appends and object commits), ``long_poll`` (the DS
+  long-poll, http/ds/reads.py). ``CREDIT_RECHECKS``: store/credit_wait.py, per look at
+  a waiting request's stream row.
+- ``STAGED_STATEMENTS``: the appender, per staged statement (store/append.py).
 - ``GAP_REPAIRS``/``GAP_REPAIRED_RECORDS``: where live delivery records gap evidence.
 - ``PRUNED_RECORDS``, ``OBJECT_DELETIONS``, ``EXPIRED_INTENTS``: maintenance.
 - ``UPKEEP_ERRORS``: maintenance, once per item of a pass that failed and was stepped
@@ -64,6 +69,7 @@ __all__ = [
     "APPENDED_RECORDS",
     "APPENDS",
     "CONTENT_TYPE",
+    "CREDIT_RECHECKS",
     "CREDIT_REJECTIONS",
     "DELIVERIES",
     "DELIVERY_ATTEMPTS",
@@ -77,9 +83,12 @@ __all__ = [
     "OBJECT_DELETIONS",
     "PRUNED_RECORDS",
     "REGISTRY",
+    "REQUESTS_WAITING",
+    "STAGED_STATEMENTS",
     "SUBSCRIBERS",
     "UPKEEP_ERRORS",
     "UPKEEP_STEPS",
+    "WAITS_ABANDONED",
     "count_append",
     "observe_request",
     "observe_statement",
@@ -132,6 +141,41 @@ DELIVERY_RETRIES = Counter(
 SUBSCRIBERS = Gauge(
     "ductor_streams_subscribers",
     "Live subscriptions (SSE) open in this process.",
+    registry=REGISTRY,
+)
+# Why a request waits on its caller's behalf: for credit (an append or object commit of
+# a ``block`` stream, refused once), or at a stream's tail (a Durable Streams long-poll).
+WAIT_REASONS = ("credit", "long_poll")
+REQUESTS_WAITING = Gauge(
+    "ductor_streams_requests_waiting",
+    "Requests of this process waiting on their caller's behalf now, by reason "
+    "(credit: an append or object commit blocked on credit; long_poll: a DS long-poll).",
+    ["reason"],
+    registry=REGISTRY,
+)
+WAITS_ABANDONED = Counter(
+    "ductor_streams_waits_abandoned",
+    "Waits ended because their caller went away (nothing more was done for it), by reason.",
+    ["reason"],
+    registry=REGISTRY,
+)
+for _reason in WAIT_REASONS:  # exposed at 0 before the first wait
+    REQUESTS_WAITING.labels(reason=_reason)
+    WAITS_ABANDONED.labels(reason=_reason)
+CREDIT_RECHECKS = Counter(
+    "ductor_streams_credit_rechecks",
+    "Looks at a stream's row by a request waiting for credit, after a wake or its "
+    "re-check interval, by outcome: sent (it could fit: the request went again) or "
+    "still_refused (nothing was sent).",
+    ["outcome"],
+    registry=REGISTRY,
+)
+for _outcome in ("sent", "still_refused"):
+    CREDIT_RECHECKS.labels(outcome=_outcome)
+STAGED_STATEMENTS = Counter(
+    "ductor_streams_append_staged_statements",
+    "Append statements whose payloads were COPYed into a staging table first (more than "
+    "8 MiB of payload: store/append.py STAGED_STATEMENT_BYTES).",
     registry=REGISTRY,
 )
 GAP_REPAIRS = Counter(

@@ -10,6 +10,7 @@ from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotFoundException
 
 from ductor_streams.errors import (
+    ClientGone,
     CreditExhausted,
     DatabaseUnavailable,
     InvalidBody,
@@ -100,7 +101,15 @@ def error_for(exc: Exception, route: str | None) -> StreamsError:
     return error
 
 
+# The status a Litestar route's request is recorded with (metrics, spans) when its
+# client went away before the answer (ClientGone): nginx's "client closed request". It
+# is never read by anyone: the connection is closed, and the server drops the write.
+CLIENT_CLOSED_REQUEST = 499
+
+
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     """Litestar exception handler for every exception type."""
+    if isinstance(exc, ClientGone):
+        return Response(content=b"", status_code=CLIENT_CLOSED_REQUEST)
     path = request.scope.get("path")
     return problem_response(error_for(exc, path), path)

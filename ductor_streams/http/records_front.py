@@ -21,9 +21,10 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 from urllib.parse import parse_qsl
 
-from ductor_streams.errors import InvalidBody, RequestTooLarge
+from ductor_streams.errors import ClientGone, InvalidBody, RequestTooLarge
 from ductor_streams.http.access import authenticate
 from ductor_streams.http.append_body import Body
+from ductor_streams.http.disconnect import caller_gone
 from ductor_streams.http.headers import API_HEADERS
 from ductor_streams.http.observe import REQUEST_ID_HEADER
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
@@ -44,10 +45,6 @@ RECORDS_PATH = re.compile(re.escape(API_MOUNT) + r"/runs/([^/]+)/streams/([^/]+)
 # The route both requests are observed as (metrics, spans: http/observe.py).
 RECORDS_TEMPLATE = API_MOUNT + "/runs/{run_id}/streams/{stream_id}/records"
 _JSON = b"application/json"
-
-
-class ClientGone(Exception):
-    """The client disconnected before its request body arrived: nobody to answer."""
 
 
 def records_route(scope: Scope) -> re.Match[str] | None:
@@ -91,6 +88,7 @@ async def answer_records(
                 # Called once the stream is resolved: nobody's body is read for nothing.
                 functools.partial(read_body, headers, receive, MAX_APPEND_BODY),
                 _first_header(headers, b"idempotency-key"),
+                caller_gone(receive),
             )
         else:
             principal = authenticate(headers, run_id, "streams:read", settings.require_jwt_secret())

@@ -17,6 +17,7 @@ from litestar.response import Stream
 from ductor_streams.errors import ObjectEvidenceMismatch
 from ductor_streams.http.access import check_egress, principal_of, stream_for
 from ductor_streams.http.codec import json_body, json_response
+from ductor_streams.http.disconnect import caller_gone
 from ductor_streams.http.routes_streams import STREAM
 from ductor_streams.http.state import runtime_of
 from ductor_streams.objects import MAX_OBJECT_BYTES, ObjectIntent, PrepareRequest
@@ -120,7 +121,9 @@ async def upload_object(request: Request[Any, Any, Any]) -> Response[bytes]:
 async def commit_object(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Append the object's record (201); committing again answers 200, same sequence."""
     ref = await stream_for(request, "write")
-    committed = await object_service(request).commit(ref, request.path_params["object_id"])
+    committed = await object_service(request).commit(
+        ref, request.path_params["object_id"], caller_gone=caller_gone(request.receive)
+    )
     return json_response(
         {"sequence": committed.sequence}, status_code=201 if committed.created else 200
     )

@@ -19,10 +19,12 @@ from ductor_streams.http.access import egress_check, principal_of, redaction_for
 from ductor_streams.http.append_body import AppendBody as AppendBody  # for http/openapi.py
 from ductor_streams.http.append_body import Body, decode_append_body
 from ductor_streams.http.codec import encode_json, page_json, page_text_json
+from ductor_streams.http.disconnect import caller_gone
 from ductor_streams.http.params import parse_cursor, parse_limit
 from ductor_streams.http.routes_streams import STREAM
 from ductor_streams.http.state import runtime_of
 from ductor_streams.store import Store
+from ductor_streams.store.gone import CallerGone
 
 # 1,000 records of 64 KiB, with room for JSON escapes in the request's own encoding.
 MAX_APPEND_BODY = 80 * 1024 * 1024
@@ -52,15 +54,17 @@ async def append_answer(
     stream_id: str,
     read_body: Callable[[], Awaitable[Body]],
     idempotency_key: str | None,
+    caller_gone: CallerGone | None = None,
 ) -> Answer:
     """Append the body's records (already authenticated with ``streams:write``).
 
     The stream is resolved (403/404) before ``read_body`` is called: a body is read and
     decoded only for a caller who may append to a stream that exists, and decoded
-    without stalling the event loop (``append_body``)."""
+    without stalling the event loop (``append_body``). ``caller_gone`` ends a wait for
+    credit when the client goes (ClientGone: nothing more is done, nobody answered)."""
     ref = await resolve_stream(store, principal, run_id, stream_id, "write", "POST")
     batch = await decode_append_body(await read_body(), idempotency_key)
-    result = await store.append(ref, batch)
+    result = await store.append(ref, batch, caller_gone=caller_gone)
     answer = encode_json(
         {"first_sequence": result.first_sequence, "last_sequence": result.last_sequence}
     )
@@ -112,6 +116,7 @@ async def append_records(request: Request[Any, Any, Any]) -> Response[bytes]:
         request.path_params["stream_id"],
         request.body,
         request.headers.get("idempotency-key"),
+        caller_gone(request.receive),
     )
     return answer.to_response()
 

@@ -9,8 +9,6 @@ quota and close rules are the same and a record is visible only once committed.
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass
@@ -19,7 +17,6 @@ import msgspec
 
 from ductor_streams import metrics, tracing
 from ductor_streams.errors import (
-    CreditExhausted,
     DefinitionConflict,
     NotFound,
     ObjectAborted,
@@ -45,6 +42,13 @@ from ductor_streams.objects.stores import BlobStores
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store, StreamRef
 from ductor_streams.store.append import outcome_to_result
+from ductor_streams.store.credit_wait import (
+    LOST_WAKE_RECHECK_SECONDS,
+    exceeds_unread_ceiling,
+    retry_on_credit,
+    worth_sending,
+)
+from ductor_streams.store.gone import CallerGone
 from ductor_streams.store.outcomes import AppendOutcome
 
 DEFAULT_INTENT_TTL_SECONDS = 3600.0
@@ -237,13 +241,18 @@ class ObjectService:
 
     # -- commit --------------------------------------------------------------------------
 
-    async def commit(self, ref: StreamRef, object_id: str) -> Committed:
+    async def commit(
+        self, ref: StreamRef, object_id: str, *, caller_gone: CallerGone | None = None
+    ) -> Committed:
         """Append the object's record once the stored bytes match the pins; again ->
-        the original sequence. Credit, quota and close apply as for any append."""
+        the original sequence. Credit, quota and close apply as for any append; a wait
+        for credit ends with ClientGone once ``caller_gone`` says the caller went."""
         with tracing.span("object commit", {"ductor_streams.object_id": str(object_id)}):
-            return await self._commit(ref, object_id)
+            return await self._commit(ref, object_id, caller_gone)
 
-    async def _commit(self, ref: StreamRef, object_id: str) -> Committed:
+    async def _commit(
+        self, ref: StreamRef, object_id: str, caller_gone: CallerGone | None
+    ) -> Committed:
         self._check_writer(ref)
         intent = await self.get(ref, object_id)
         if intent.state == "committed":
@@ -269,31 +278,28 @@ class ObjectService:
                     if found is Check.MISMATCH
                     else "the stored object is missing"
                 )
-        return await self._commit_record(ref, intent)
+        return await self._commit_record(ref, intent, caller_gone)
 
-    async def _commit_record(self, ref: StreamRef, intent: ObjectIntent) -> Committed:
+    async def _commit_record(
+        self, ref: StreamRef, intent: ObjectIntent, caller_gone: CallerGone | None
+    ) -> Committed:
         credit = ref.definition.credit
-        blocking = credit.on_unread_full == "block" and credit.block_timeout_ms > 0
-        deadline = time.monotonic() + credit.block_timeout_ms / 1000
-        while True:
-            with self._wakes(ref.stream_pk) as woken:
-                try:
-                    return await self._commit_once(ref, intent)
-                except CreditExhausted:
-                    remaining = deadline - time.monotonic()
-                    if not blocking or remaining <= 0:
-                        raise
-                    if self.store.hub is None:
-                        remaining = min(remaining, self._poll_interval)
-                    try:
-                        await asyncio.wait_for(woken.wait(), remaining)
-                    except TimeoutError:
-                        if time.monotonic() >= deadline:
-                            raise CreditExhausted() from None
-
-    def _wakes(self, stream_pk: int) -> _Watch:
-        hub = self.store.hub
-        return _Watch(hub.watch(stream_pk) if hub is not None else None)
+        if credit.on_unread_full != "block" or credit.block_timeout_ms <= 0:
+            return await self._commit_once(ref, intent)
+        # The block policy, as for any append (store/credit_wait.py): after a refusal
+        # the record goes again only when the stream's row says it could fit, and the
+        # wait ends as soon as the caller goes.
+        size = len(intent.payload.encode("utf-8"))
+        return await retry_on_credit(
+            lambda: self._commit_once(ref, intent),
+            hub=self.store.hub,
+            stream_pk=ref.stream_pk,
+            worth_it=lambda: worth_sending(self.pool, ref.stream_pk, 1, size, None),
+            hopeless=exceeds_unread_ceiling(ref, 1, size),
+            wait_seconds=credit.block_timeout_ms / 1000,
+            recheck=self._poll_interval if self.store.hub is None else LOST_WAKE_RECHECK_SECONDS,
+            caller_gone=caller_gone,
+        )
 
     async def _commit_once(self, ref: StreamRef, intent: ObjectIntent) -> Committed:
         reference = _encoder.encode(intent.reference).decode()
@@ -353,22 +359,6 @@ class ObjectService:
             raise ObjectPruned()
         store = self.stores.for_region(intent.region)
         return intent, store.read(intent.storage_key)
-
-
-class _Watch:
-    """A hub watch, or (without a hub) an event nobody sets: the caller polls."""
-
-    def __init__(self, inner: object | None) -> None:
-        self._inner = inner
-
-    def __enter__(self) -> asyncio.Event:
-        if self._inner is None:
-            return asyncio.Event()
-        return self._inner.__enter__()  # type: ignore[attr-defined,no-any-return]
-
-    def __exit__(self, *exc: object) -> None:
-        if self._inner is not None:
-            self._inner.__exit__(*exc)  # type: ignore[attr-defined]
 
 
 async def _verify_only(chunks: AsyncIterable[bytes], intent: ObjectIntent) -> None:

@@ -17,6 +17,7 @@ from ductor_streams.store import acks, streams
 from ductor_streams.store.append import Appender
 from ductor_streams.store.credit_wait import append_blocking, never_fits
 from ductor_streams.store.encoding import EncodedBatch, encode_batch
+from ductor_streams.store.gone import CallerGone
 from ductor_streams.store.models import (
     AppendResult,
     Page,
@@ -77,12 +78,16 @@ class Store:
     async def state(self, ref: StreamRef) -> StreamState:
         return await streams.stream_state(self.pool, ref)
 
-    async def append(self, ref: StreamRef, batch: EncodedBatch) -> AppendResult:
+    async def append(
+        self, ref: StreamRef, batch: EncodedBatch, *, caller_gone: CallerGone | None = None
+    ) -> AppendResult:
         """Append one request under the stream's credit policy.
 
         Policy ``block`` waits up to ``block_timeout_ms`` for acks to free credit,
-        re-deciding under the row lock after each wake (store/credit_wait.py); then
-        CreditExhausted as for ``reject``.
+        sending the batch again only when the stream's row says it could fit and
+        re-deciding under the row lock (store/credit_wait.py); then CreditExhausted as
+        for ``reject``. ``caller_gone`` (store/gone.py): the wait ends with ClientGone
+        as soon as the caller has gone, and nothing more is sent for it.
         """
         credit = ref.definition.credit
         try:
@@ -98,6 +103,8 @@ class Store:
                     batch,
                     wait_seconds=credit.block_timeout_ms / 1000,
                     poll_interval=self._poll_interval,
+                    pool=self.pool,
+                    caller_gone=caller_gone,
                 )
             if ref.is_input and not result.replayed and self.input_appended is not None:
                 # Committed: this process's dispatcher may claim the deliveries now,

@@ -96,16 +96,23 @@ class _StreamQueue:
     ref: StreamRef | None = None
 
     def take_group(self) -> list[Item]:
-        """The next group: queued requests in arrival order, up to MAX_GROUP_RECORDS."""
+        """The next group: queued requests in arrival order, up to MAX_GROUP_RECORDS.
+
+        A request whose caller has gone (its future cancelled) before it was sent is
+        dropped here: nothing is sent for it, so it can never be appended later (a
+        client's retry with the same idempotency key is safe either way). Empty when
+        every queued request was such."""
         group: list[Item] = []
         records = 0
         while self.pending and (
             not group or records + self.pending[0][0].count <= MAX_GROUP_RECORDS
         ):
             item = self.pending.popleft()
+            self.records -= item[0].count
+            if item[1].done():
+                continue
             group.append(item)
             records += item[0].count
-        self.records -= records
         return group
 
 
@@ -240,7 +247,8 @@ class Appender:
             self._ready_records += batch.count
             self._dispatch()
         # A caller that goes away cancels only its own future: the statement runs in
-        # its own task and skips a future that is already done (no shield needed).
+        # its own task and skips a future that is already done (no shield needed); a
+        # request not yet sent is dropped (``take_group``).
         return await future
 
     def _dispatch(self) -> None:
@@ -261,10 +269,15 @@ class Appender:
                 del self._ready[stream_pk]
                 queue = self._queues[stream_pk]
                 self._ready_records -= queue.records
-                queue.busy = True
                 group = queue.take_group()
+                if not group:  # every caller of its queue has gone
+                    del self._queues[stream_pk]
+                    continue
+                queue.busy = True
                 records += sum(batch.count for batch, _ in group)
                 groups.append((stream_pk, group))
+            if not groups:
+                continue  # nothing left to send: ``_ready`` is empty now
             # Alone in flight, a statement may carry its own NOTIFY: no other commit of
             # this process waits behind the notify lock (one round trip per append with
             # one client).
@@ -522,6 +535,7 @@ class Appender:
         """Run a staged append statement: its payloads COPYed first, in one transaction
         on a pool connection of its own (beside the held one)."""
         payloads = ((index, p) for index, p in enumerate(p for b in batches for p in b.payloads))
+        metrics.STAGED_STATEMENTS.inc()
         async with self._pool.acquire() as conn, conn.transaction():
             await conn.execute(QUERIES["append_stage_payloads"])
             await conn.copy_records_to_table("append_staged_payloads", records=payloads)

@@ -191,13 +191,17 @@ async def test_a_caller_that_goes_away_does_not_cancel_its_group(
     store: Store, pool: asyncpg.Pool
 ) -> None:
     ref = await make_stream(store)
+    sent = store.appender.statements
     tasks = [asyncio.create_task(store.append(ref, encode_batch([i]))) for i in range(5)]
-    await asyncio.sleep(0)  # all five are queued in the stream's queue
-    tasks[2].cancel()
+    await asyncio.sleep(0)  # the first is in flight, the other four queued behind it
+    assert store.appender.statements == sent + 1
+    tasks[0].cancel()  # its statement is in flight: it finishes, and appends
+    tasks[2].cancel()  # not sent yet: dropped, never appended (docs/credit.md)
     done = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(done[0], asyncio.CancelledError)
     assert isinstance(done[2], asyncio.CancelledError)
-    assert [r.first_sequence for i, r in enumerate(done) if i != 2] == [1, 2, 4, 5]  # type: ignore[union-attr]
-    assert len(await stored_log(pool, ref)) == 5  # the cancelled one was appended too
+    assert [r.first_sequence for i, r in enumerate(done) if i not in (0, 2)] == [2, 3, 4]  # type: ignore[union-attr]
+    assert await stored_log(pool, ref) == {1: "0", 2: "1", 3: "3", 4: "4"}
 
 
 @pytest.fixture

@@ -23,6 +23,7 @@ from urllib.parse import parse_qsl
 
 from ductor_streams.auth import Principal
 from ductor_streams.errors import (
+    ClientGone,
     Forbidden,
     InvalidInput,
     MethodNotAllowed,
@@ -31,7 +32,6 @@ from ductor_streams.errors import (
 )
 from ductor_streams.http.access import authenticate
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
-from ductor_streams.http.records_front import ClientGone
 from ductor_streams.names import API_MOUNT
 from ductor_streams.runtime import Runtime
 

@@ -11,17 +11,16 @@ depends on the token's redaction rights) and an ETag; HEAD and ``offset=now``
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Awaitable, Sequence
-from typing import TypeVar
+from collections.abc import Sequence
 
+from ductor_streams import metrics
 from ductor_streams.auth import Principal
-from ductor_streams.errors import DatabaseUnavailable, InvalidInput, NotFound
+from ductor_streams.errors import ClientGone, DatabaseUnavailable, InvalidInput, NotFound
 from ductor_streams.http.access import egress_check, redaction_for, resolve_stream
+from ductor_streams.http.disconnect import until_disconnect
 from ductor_streams.http.ds import media
 from ductor_streams.http.ds.front import NO_STORE, Reply, Request
 from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, response_cursor
-from ductor_streams.http.records_front import ClientGone, Receive
 from ductor_streams.live.events import End, Expired, Gone, Interrupted, LiveBatch
 from ductor_streams.store import StreamRef, ds
 from ductor_streams.store.models import Record
@@ -29,8 +28,6 @@ from ductor_streams.store.models import Record
 PAGE_RECORDS = 1000
 PAGE_BYTES = 8 * 1024 * 1024
 CATCH_UP_CACHE = "private, max-age=60, stale-while-revalidate=300"
-
-T = TypeVar("T")
 
 
 async def readable_stream(
@@ -143,11 +140,17 @@ async def _long_poll(
     followers = request.runtime.followers
     subscription = await followers.subscribe(ref.stream_pk, after)
     cursor = response_cursor(request.param("cursor"))
+    waiting = metrics.REQUESTS_WAITING.labels(reason="long_poll")
+    waiting.inc()
     try:
         item = await until_disconnect(
             request.receive, subscription.next(request.runtime.settings.ds_long_poll_seconds)
         )
+    except ClientGone:
+        metrics.WAITS_ABANDONED.labels(reason="long_poll").inc()
+        raise
     finally:
+        waiting.dec()
         followers.release(ref.stream_pk, subscription)
     if isinstance(item, list) and item:
         batches: list[LiveBatch] = item
@@ -167,23 +170,3 @@ async def _long_poll(
     if not isinstance(item, End):
         reply.headers["Stream-Cursor"] = cursor
     return reply
-
-
-async def until_disconnect(receive: Receive, work: Awaitable[T]) -> T:
-    """``work``'s result, or ClientGone (``work`` cancelled) if the client goes first."""
-    task = asyncio.ensure_future(work)
-    gone = asyncio.ensure_future(_disconnected(receive))
-    try:
-        await asyncio.wait((task, gone), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        gone.cancel()
-        if not task.done():
-            task.cancel()
-    if not task.done() or task.cancelled():
-        raise ClientGone()
-    return task.result()
-
-
-async def _disconnected(receive: Receive) -> None:
-    while (await receive())["type"] != "http.disconnect":
-        pass

@@ -25,13 +25,13 @@ import jwt
 import msgspec
 
 from ductor_streams import metrics
-from ductor_streams.errors import InvalidInput
+from ductor_streams.errors import ClientGone, InvalidInput
 from ductor_streams.http.access import egress_check, redaction_for
+from ductor_streams.http.disconnect import until_disconnect
 from ductor_streams.http.ds import media
 from ductor_streams.http.ds.front import Request, Send, response_start
 from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, response_cursor
-from ductor_streams.http.ds.reads import readable_stream, until_disconnect
-from ductor_streams.http.records_front import ClientGone
+from ductor_streams.http.ds.reads import readable_stream
 from ductor_streams.http.sse_response import StallGuard, connection_abort, pieces
 from ductor_streams.live.events import End, LiveBatch
 from ductor_streams.store import ds

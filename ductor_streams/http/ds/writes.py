@@ -32,6 +32,7 @@ from ductor_streams.errors import (
     TooManyProducers,
 )
 from ductor_streams.http.access import resolve_stream
+from ductor_streams.http.disconnect import caller_gone
 from ductor_streams.http.ds import media
 from ductor_streams.http.ds.front import (
     Refusal,
@@ -204,7 +205,7 @@ async def append(request: Request) -> Reply:
     if writer.plain:
         assert batch is not None
         try:
-            result = await store.append(ref, batch)
+            result = await store.append(ref, batch, caller_gone=caller_gone(request.receive))
         except StreamClosed:
             raise await _closed_refusal(request, ref) from None
         return Reply(204, {"Stream-Next-Offset": format_offset(result.last_sequence)})

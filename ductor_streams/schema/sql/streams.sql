@@ -207,3 +207,32 @@ SELECT q.i, s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS c
                  LIMIT q.lim) w
          WHERE w.running - w.size < $4) r ON true
  ORDER BY q.i, r.sequence;
+
+-- name: stream_credit_probe
+-- Whether a request refused for credit is worth sending again now (store/credit_wait.py):
+-- false only while the stream's row shows that the unread ceilings would still refuse
+-- $2 records of $3 bytes and nothing else would decide first (the stream is open, the
+-- total ceilings let them in, and no receipt answers key $4). It reads a few columns
+-- of one row, without its lock and without the payload: the append function still
+-- decides, under the lock, whatever this answers. No row (the stream is gone): true,
+-- so that the append function answers not_found.
+SELECT coalesce((
+    SELECT s.closed_at IS NOT NULL
+        OR (s.definition -> 'credit' ->> 'max_total_items' IS NOT NULL
+            AND s.total_items + $2
+                > workflow_streams.clamped_count(s.definition -> 'credit' ->> 'max_total_items'))
+        OR (s.definition -> 'credit' ->> 'max_total_bytes' IS NOT NULL
+            AND s.total_bytes + $3
+                > workflow_streams.clamped_count(s.definition -> 'credit' ->> 'max_total_bytes'))
+        OR s.min_acked_sequence IS NULL
+        OR ((s.definition -> 'credit' ->> 'max_unread_items' IS NULL
+             OR s.latest_sequence - s.min_acked_sequence + $2
+                <= workflow_streams.clamped_count(s.definition -> 'credit' ->> 'max_unread_items'))
+            AND (s.definition -> 'credit' ->> 'max_unread_bytes' IS NULL
+                 OR s.total_bytes - s.min_acked_bytes + $3
+                    <= workflow_streams.clamped_count(s.definition -> 'credit' ->> 'max_unread_bytes')))
+        OR ($4::text IS NOT NULL AND EXISTS (
+               SELECT 1 FROM workflow_streams.append_receipts r
+                WHERE r.stream_pk = s.stream_pk AND r.idempotency_key = $4::text))
+      FROM workflow_streams.streams s
+     WHERE s.stream_pk = $1), true) AS worth_sending;
