@@ -106,6 +106,9 @@ class Settings(BaseModel):
     max_header_bytes: int = Field(default=64 * 1024, ge=1024, le=16 * 1024 * 1024)
     # None: the file-descriptor limit less what the process needs for itself.
     max_connections: int | None = Field(default=None, ge=16, le=1_000_000)
+    # Live reads (SSE, long-poll) of one tenant at once, per process; None: half the
+    # connection cap (http/live_reads.py says why).
+    tenant_max_live: int | None = Field(default=None, ge=1, le=1_000_000)
     log_level: str = "INFO"
     # Origins whose pages may call the API (http/cors.py); empty: no CORS at all.
     cors_origins: tuple[str, ...] = ()

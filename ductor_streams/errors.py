@@ -186,6 +186,24 @@ class CreditExhausted(StreamsError):
         self.retry_after = max(1, int(retry_after))
 
 
+# Seconds a client is told to wait (``Retry-After``) when its tenant has as many live
+# reads open as it may: one of them has to end first (a long-poll within seconds).
+LIVE_READS_RETRY_AFTER_SECONDS = 5
+
+
+class TooManyLiveReads(StreamsError):
+    """The tenant has as many live reads (SSE, long-poll) open as this server allows."""
+
+    code = "too_many_live_reads"
+    status = 429
+
+    def __init__(
+        self, detail: str | None = None, *, retry_after: int = LIVE_READS_RETRY_AFTER_SECONDS
+    ) -> None:
+        super().__init__(detail)
+        self.retry_after = max(1, int(retry_after))
+
+
 # Seconds a client is told to wait (``Retry-After``) while the database is unavailable:
 # a restart or failover takes a few seconds, and clients back off further themselves.
 DATABASE_RETRY_AFTER_SECONDS = 1

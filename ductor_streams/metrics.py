@@ -207,8 +207,16 @@ EXPIRED_INTENTS = Counter(
 CONNECTIONS_REFUSED = Counter(
     "ductor_streams_connections_refused_total",
     "Connections closed or refused by the connection guard (http/connection_guard.py), "
-    "by reason: head_timeout, head_too_large, too_many, evicted.",
+    "by reason: head_timeout, head_too_large, too_many, evicted (it waited for a request "
+    "head at the cap), evicted_tenant (the newest of the tenant holding the most, for a "
+    "tenant below its fair share).",
     ["reason"],
+    registry=REGISTRY,
+)
+LIVE_READS_REFUSED = Counter(
+    "ductor_streams_live_reads_refused_total",
+    "Live reads (SSE, long-poll) refused 429 too_many_live_reads: their tenant had as "
+    "many open in this process as it may (http/live_reads.py).",
     registry=REGISTRY,
 )
 UPKEEP_ERRORS = Counter(

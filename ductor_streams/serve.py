@@ -11,6 +11,7 @@ before its commit is not stored, and its client retries with its Idempotency-Key
 
 from __future__ import annotations
 
+import functools
 import socket
 
 import uvicorn
@@ -18,6 +19,7 @@ import uvicorn
 from ductor_streams.config import Settings
 from ductor_streams.gc_tuning import tuned_after_start
 from ductor_streams.http import create_app
+from ductor_streams.http.access import bearer_tenant
 from ductor_streams.http.app import StreamsApp
 from ductor_streams.http.connection_guard import (
     ConnectionLimits,
@@ -68,6 +70,8 @@ def serve(settings: Settings, *, workers: bool) -> int:
                 head_timeout=settings.head_timeout_seconds,
                 max_head_bytes=settings.max_header_bytes,
                 max_connections=settings.max_connections or default_max_connections(),
+                # At the cap, whose request is asking decides whose place it may take.
+                tenant_of=functools.partial(bearer_tenant, settings.require_jwt_secret()),
             )
         ),
         # uvicorn's loggers propagate to the root handler (logs.configure_logging): its

@@ -25,6 +25,7 @@ from ductor_streams.errors import (
     NotFound,
     Unauthenticated,
 )
+from ductor_streams.http.connection_guard import note_tenant
 from ductor_streams.http.state import runtime_of
 from ductor_streams.http.tokens import VERIFIED_TOKENS
 from ductor_streams.logs import stream_fields
@@ -44,12 +45,14 @@ async def authorize(
     Async on purpose although it never awaits: Litestar runs a sync guard in a worker
     thread, a thread hand-off on every request (bench/README.md, History: "Trimming the
     HTTP path")."""
-    connection.state.principal = authenticate(
+    principal = authenticate(
         connection.scope["headers"],
         connection.path_params.get("run_id"),
         handler.opt.get("scope"),
         runtime_of(connection).settings.require_jwt_secret(),
     )
+    connection.state.principal = principal
+    note_tenant(connection.scope, principal.tenant)
 
 
 def authenticate(
@@ -80,6 +83,21 @@ def authenticate(
     if scope is None or not principal.has(scope):
         raise Forbidden(f"the token lacks the scope {scope!r}")
     return principal
+
+
+def bearer_tenant(secret: str, raw_headers: Iterable[tuple[bytes, bytes]]) -> str | None:
+    """The tenant of the request's bearer token when the token is valid, else None (no
+    other check: the connection guard's view of who is asking, at the cap)."""
+    for name, value in raw_headers:
+        if name.lower() == b"authorization":
+            scheme, _, token = value.decode("latin-1").partition(" ")
+            if scheme.lower() != "bearer" or not token.strip():
+                return None
+            try:
+                return VERIFIED_TOKENS.principal(secret, token.strip()).tenant
+            except Unauthenticated:
+                return None
+    return None
 
 
 def principal_of(request: Request[Any, Any, Any]) -> Principal:

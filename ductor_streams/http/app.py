@@ -27,6 +27,7 @@ from ductor_streams.http.append_worker import close_workers
 from ductor_streams.http.cors import CorsPolicy
 from ductor_streams.http.ds.front import DS_TEMPLATE, answer_ds, ds_route
 from ductor_streams.http.headers import is_api_path
+from ductor_streams.http.live_reads import LiveReads, tenant_live_limit
 from ductor_streams.http.observe import Request, route_template
 from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.problems import handle_exception
@@ -103,6 +104,7 @@ def create_app(
         logging_config=None,
     )
     app.cors = CorsPolicy(settings.cors_origins) if settings.cors_origins else None
+    app.live_reads = LiveReads(tenant_live_limit(settings))
     return app
 
 
@@ -115,6 +117,8 @@ class StreamsApp(Litestar):
 
     cors: CorsPolicy | None = None
     runtime: Runtime | None = None  # set by the lifespan, as the state's ``runtime``
+    # Each tenant's live reads in this process (http/live_reads.py); set by create_app.
+    live_reads: LiveReads | None = None
 
     def _runtime(self) -> Runtime:
         runtime = self.runtime
@@ -146,7 +150,14 @@ class StreamsApp(Litestar):
         if ds is not None:
             try:
                 runtime = self._runtime()
-                await answer_ds(runtime, scope, receive, request.tagged_send(send), ds)
+                await answer_ds(
+                    runtime,
+                    scope,
+                    receive,
+                    request.tagged_send(send),
+                    ds,
+                    live_reads=self.live_reads,
+                )
             finally:
                 request.end(DS_TEMPLATE)
             return

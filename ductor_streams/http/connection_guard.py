@@ -1,6 +1,6 @@
 """Connection hygiene at the HTTP protocol, before any routing: a deadline for each
 request's head, a cap on its size, and a cap on open connections that keeps the health
-routes reachable.
+routes reachable and shares the connections out fairly between tenants.
 
 uvicorn alone waits forever for a request's head (1,000 silent connections stay open),
 buffers a header of any size before rejecting it, and accepts connections until the
@@ -12,12 +12,25 @@ process runs out of file descriptors, when ``/healthz`` fails too. Here:
 - **Head size.** A head over ``max_head_bytes`` is answered ``431`` at once, counted in
   raw bytes as they arrive (so a 128 MiB header is cut after the first 64 KiB, not
   parsed whole), on every route, health included.
-- **Connection cap.** At ``max_connections`` open connections, a new one evicts the
-  connection that has waited longest for a request head (a silent or trickling client,
-  or an idle keep-alive one); only when none waits is the new one answered ``503`` and
-  closed. A probe of ``/healthz`` therefore gets in however many stalled connections an
-  attacker holds, and a stream being served (SSE) or a request being answered is never
-  cut for it.
+- **Connection cap.** ``max_connections`` connections are admitted; up to
+  ``PROVISIONAL_RESERVE`` more are accepted provisionally, and decided when their
+  request head arrives (http/connection_table.py keeps the places):
+
+  - a health probe (``PROBE_PATHS``) is answered in its provisional place, however many
+    connections are open: it never evicts anything, and nothing evicts it while it is
+    answered;
+  - any other request takes an admitted place: a free one, else the place of the
+    connection that has waited longest for a request head (a silent or trickling
+    client, or an idle keep-alive one), else, when its bearer token is valid and its
+    tenant below its fair share, the place of the newest connection of the tenant
+    holding the most connections, if that tenant is above its own share (the evicted
+    connection is cut, whatever it was doing); else it is answered ``503`` and closed.
+
+  A new connection beyond the reserve evicts the one waiting longest for a head; only
+  when none waits is it answered ``503`` at once. So a probe of ``/healthz`` gets in
+  however many stalled connections an attacker holds and whatever one tenant holds.
+  The app names each connection's tenant once a request on it is authenticated
+  (``note_tenant``).
 
 The answers are RFC 9457 problems, like every other error of the server.
 """
@@ -27,6 +40,7 @@ from __future__ import annotations
 import asyncio
 import json
 import resource
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -35,11 +49,22 @@ from typing import Any, ClassVar
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from ductor_streams import metrics
+from ductor_streams.http.connection_table import ConnectionTable
 
 # The scope extension that lets the app act on the request's connection:
-# ``scope["extensions"][CONNECTION_EXTENSION]["abort"]()`` cuts it, and
-# ``...["body_writer"](scope)`` is a ``ChunkWriter`` for that request's response.
+# ``scope["extensions"][CONNECTION_EXTENSION]["abort"]()`` cuts it,
+# ``...["body_writer"](scope)`` is a ``ChunkWriter`` for that request's response, and
+# ``...["tenant"](tenant)`` names the tenant whose request it serves (``note_tenant``).
 CONNECTION_EXTENSION = "ductor.connection"
+
+# The health routes (http/health.py): answered at any connection count.
+PROBE_PATHS = frozenset({"/healthz", "/readyz"})
+_PROBE_RAW_PATHS = frozenset(path.encode() for path in PROBE_PATHS)
+
+# Connections accepted above the cap until their request head shows what they are: a
+# probe is answered in one of these places. They come out of the descriptors kept free
+# (``RESERVED_DESCRIPTORS``), and are taken only at the cap.
+PROVISIONAL_RESERVE = 16
 
 # After a refusal the connection reads (and drops) what the client is still sending,
 # for up to this long or this many bytes, before it closes: closing a socket with
@@ -48,8 +73,10 @@ LINGER_SECONDS = 2.0
 LINGER_BYTES = 8 * 1024 * 1024
 
 # File descriptors kept free for everything that is not a client connection: the
-# database pool, the LISTEN connection, Temporal, logs, object files.
+# database pool, the LISTEN connection, Temporal, logs, object files, the reserve above.
 RESERVED_DESCRIPTORS = 64
+
+Headers = Sequence[tuple[bytes, bytes]]
 
 
 @dataclass(frozen=True)
@@ -59,6 +86,9 @@ class ConnectionLimits:
     head_timeout: float = 10.0
     max_head_bytes: int = 64 * 1024
     max_connections: int = 1024
+    # The tenant of a request's bearer token (verified), None without a valid one: at
+    # the cap it decides whether the request may take a busier tenant's place.
+    tenant_of: Callable[[Headers], str | None] | None = None
 
 
 def default_max_connections() -> int:
@@ -67,6 +97,14 @@ def default_max_connections() -> int:
     if soft == resource.RLIM_INFINITY:
         soft = 65536
     return max(16, soft - RESERVED_DESCRIPTORS)
+
+
+def note_tenant(scope: Any, tenant: str) -> None:
+    """Tell the server that ``scope``'s connection serves ``tenant`` (its request was
+    authenticated); a no-op under another server."""
+    connection = scope.get("extensions", {}).get(CONNECTION_EXTENSION)
+    if connection is not None:
+        connection["tenant"](tenant)
 
 
 def _problem(status: int, code: str, title: str, detail: str, *extra: bytes) -> bytes:
@@ -116,29 +154,48 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     """The server's protocol with the limits above. Made per server by ``guarded``."""
 
     limits: ClassVar[ConnectionLimits]
+    # The places of the server's connections and the tenant of each.
+    table: ClassVar[ConnectionTable[GuardedHttpToolsProtocol]]
     # Connections waiting for a request head, oldest first (dicts keep order).
     waiting: ClassVar[dict[GuardedHttpToolsProtocol, None]]
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-        open_before = len(self.connections)
         super().connection_made(transport)
         self._head_bytes = 0
         self._in_head = True
         self._head_timer: asyncio.TimerHandle | None = None
         self._discard_left = -1  # >= 0 while lingering after a refusal
         # The ASGI scope's extension that lets the app cut this connection (a stalled
-        # SSE reader: http/sse_response.py).
+        # SSE reader: http/sse_response.py) and name its tenant (``note_tenant``).
         self._extensions: dict[str, dict[object, object]] = {
-            CONNECTION_EXTENSION: {"abort": self.transport.abort, "body_writer": self.body_writer}
+            CONNECTION_EXTENSION: {
+                "abort": self.transport.abort,
+                "body_writer": self.body_writer,
+                "tenant": self._note_tenant,
+            }
         }
-        if open_before >= self.limits.max_connections and not self._evict_one():
-            metrics.CONNECTIONS_REFUSED.labels("too_many").inc()
-            self._answer_and_close(TOO_MANY_CONNECTIONS)
-            return
+        table = self.table
+        if table.has_room():
+            table.admit(self)
+        elif table.has_reserve():
+            table.hold_provisionally(self)  # decided when its head comes (_place_at_head)
+        else:
+            victim = self._oldest_waiting(admitted_only=False)
+            if victim is None:
+                metrics.CONNECTIONS_REFUSED.labels("too_many").inc()
+                self._answer_and_close(TOO_MANY_CONNECTIONS)
+                return
+            admitted = table.is_admitted(victim)
+            victim._evict("evicted")
+            if admitted:
+                table.admit(self)
+            else:
+                table.hold_provisionally(self)
         self._await_head()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_done()
+        self.table.remove(self)
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
@@ -162,13 +219,31 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             metrics.CONNECTIONS_REFUSED.labels("head_too_large").inc()
             self._answer_and_close(HEAD_TOO_LARGE)
 
+    # A refusal from within the parser's callbacks (``_place_at_head``) leaves the parser
+    # going through the rest of the bytes it was given: every callback that would act on
+    # them does nothing once the connection lingers.
+
     def on_message_begin(self) -> None:
+        if self._discard_left >= 0:
+            return
         super().on_message_begin()
         self.scope["extensions"] = self._extensions
 
     def on_headers_complete(self) -> None:
+        if self._discard_left >= 0:
+            return
         self._head_done()
+        table = self.table
+        if not table.is_admitted(self) and not self._place_at_head():
+            return
         super().on_headers_complete()
+        if table.tenant_of(self) is not None and self.scope.get("path") in PROBE_PATHS:
+            table.untag(self)  # a probe is nobody's: never evicted for a tenant
+
+    def on_body(self, body: bytes) -> None:
+        if self._discard_left >= 0:
+            return
+        super().on_body(body)
 
     def body_writer(self, scope: Any) -> ChunkWriter | None:
         """A writer of body chunks straight to this connection's transport for the
@@ -188,6 +263,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         return ChunkWriter(self.transport, self.flow, cycle)
 
     def on_message_complete(self) -> None:
+        if self._discard_left >= 0:
+            return
         super().on_message_complete()
         # The next request's head starts with the next byte; its deadline then.
         self._in_head = True
@@ -199,6 +276,61 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             # Idle keep-alive: uvicorn's own keep-alive timeout closes it; meanwhile
             # it is the first to go when the connection cap is reached.
             self.waiting[self] = None
+
+    # -- the connection cap ------------------------------------------------------------
+
+    def _place_at_head(self) -> bool:
+        """A provisional connection's request head has come: answer a probe where it is,
+        give anything else an admitted place (free, a waiting connection's, or a busier
+        tenant's), or refuse it. False when refused."""
+        table = self.table
+        if table.has_room():
+            table.admit(self)
+            return True
+        if self.url.partition(b"?")[0] in _PROBE_RAW_PATHS:
+            return True
+        tenant = None
+        reason = "evicted"
+        victim = self._oldest_waiting(admitted_only=True)
+        if victim is None and self.limits.tenant_of is not None:
+            tenant = self.limits.tenant_of(self.headers)
+            if tenant is not None:
+                victim = table.fair_victim(tenant)
+                reason = "evicted_tenant"
+        if victim is None:
+            metrics.CONNECTIONS_REFUSED.labels("too_many").inc()
+            # Its provisional place is free at once, while it lingers to be read.
+            table.remove(self)
+            self._answer_and_close(TOO_MANY_CONNECTIONS)
+            return False
+        victim._evict(reason)
+        table.admit(self)
+        if tenant is not None:
+            table.tag(self, tenant)
+        return True
+
+    def _note_tenant(self, tenant: str) -> None:
+        self.table.tag(self, tenant)
+
+    def _oldest_waiting(self, *, admitted_only: bool) -> GuardedHttpToolsProtocol | None:
+        """The connection that has waited longest for a head (an admitted one only, if
+        asked), other than this one."""
+        for victim in self.waiting:
+            if victim is not self and (not admitted_only or self.table.is_admitted(victim)):
+                return victim
+        return None
+
+    def _evict(self, reason: str) -> None:
+        """Close this connection for another's sake; its place is free at once."""
+        metrics.CONNECTIONS_REFUSED.labels(reason).inc()
+        self._head_done()
+        self.table.remove(self)
+        if reason == "evicted":
+            self.transport.close()
+        else:
+            # Cut mid-response: what is still buffered for the client is dropped, so
+            # the descriptor is free now, not once a slow reader has read it.
+            self.transport.abort()
 
     # -- the head's deadline ---------------------------------------------------------
 
@@ -227,16 +359,6 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         else:
             self._head_done()
             self.transport.close()
-
-    def _evict_one(self) -> bool:
-        """Close the connection that has waited longest for a head, if any."""
-        for victim in self.waiting:
-            if victim is not self:
-                metrics.CONNECTIONS_REFUSED.labels("evicted").inc()
-                victim._head_done()
-                victim.transport.close()
-                return True
-        return False
 
     def _answer_and_close(self, answer: bytes) -> None:
         self._head_done()
@@ -299,5 +421,9 @@ def guarded(limits: ConnectionLimits) -> Any:
     return type(
         "GuardedHttpToolsProtocol",
         (GuardedHttpToolsProtocol,),
-        {"limits": limits, "waiting": {}},
+        {
+            "limits": limits,
+            "waiting": {},
+            "table": ConnectionTable(limits.max_connections, PROVISIONAL_RESERVE),
+        },
     )

@@ -59,7 +59,7 @@ _STATUS_TEXT = {
     "410": "Gone",
     "413": "Too large",
     "422": "Well-formed but refused",
-    "429": "`credit_exhausted`; retry after `Retry-After` seconds",
+    "429": "Too many; retry after `Retry-After` seconds",
     "431": "`request_header_too_large`: the request's headers are too large",
     "503": "`database_unavailable` (Postgres restarting, failing over or unreachable) or "
     "`too_many_connections` (the connection cap); retry after `Retry-After` seconds",
@@ -446,7 +446,7 @@ OPERATIONS: dict[tuple[str, str], OperationDoc] = {
         answer_description=SSE_DESCRIPTION,
         query={"cursor": _CURSOR},
         headers={"Last-Event-ID": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
-        errors=_errors(_IN_RUN, _READ, _CURSOR_ERRORS),
+        errors=_errors(_IN_RUN, _READ, _CURSOR_ERRORS, {"429": ["too_many_live_reads"]}),
     ),
     ("post", "/runs/{run_id}/streams/{stream_id}/consumers/{consumer_id}/ack"): OperationDoc(
         "ackConsumer",

@@ -18,6 +18,7 @@ from ductor_streams.errors import (
     NotFound,
     RequestTooLarge,
     StreamsError,
+    TooManyLiveReads,
 )
 from ductor_streams.logs import REQUEST_ID
 from ductor_streams.store.db import translate_db_error
@@ -46,7 +47,7 @@ def problem_parts(
         # The same ID as the response's X-Request-ID header and the request's log lines.
         body["request_id"] = request_id
     headers = {}
-    if isinstance(error, CreditExhausted | DatabaseUnavailable):
+    if isinstance(error, CreditExhausted | DatabaseUnavailable | TooManyLiveReads):
         headers["Retry-After"] = str(error.retry_after)
     elif isinstance(error, MethodNotAllowed) and error.allow:
         headers["Allow"] = error.allow

@@ -24,6 +24,7 @@ from urllib.parse import parse_qsl
 from ductor_streams.errors import ClientGone, InvalidBody, RequestTooLarge
 from ductor_streams.http.access import authenticate
 from ductor_streams.http.append_body import Body
+from ductor_streams.http.connection_guard import note_tenant
 from ductor_streams.http.disconnect import caller_gone
 from ductor_streams.http.headers import API_HEADERS
 from ductor_streams.http.observe import REQUEST_ID_HEADER
@@ -80,6 +81,7 @@ async def answer_records(
             principal = authenticate(
                 headers, run_id, "streams:write", settings.require_jwt_secret()
             )
+            note_tenant(scope, principal.tenant)
             answer = await append_answer(
                 runtime.store,
                 principal,
@@ -92,6 +94,7 @@ async def answer_records(
             )
         else:
             principal = authenticate(headers, run_id, "streams:read", settings.require_jwt_secret())
+            note_tenant(scope, principal.tenant)
             query = _first_values(scope.get("query_string", b""))
             answer = await read_answer(
                 runtime.store,

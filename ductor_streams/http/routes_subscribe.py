@@ -29,6 +29,7 @@ from ductor_streams import metrics
 from ductor_streams.errors import InvalidCursor
 from ductor_streams.http.access import check_egress, principal_of, redaction_for, stream_for
 from ductor_streams.http.codec import encode_record
+from ductor_streams.http.live_reads import LiveRead, LiveReads
 from ductor_streams.http.params import parse_cursor
 from ductor_streams.http.problems import problem_response
 from ductor_streams.http.routes_streams import STREAM
@@ -60,6 +61,12 @@ def followers_of(app: Litestar) -> Followers:
     return runtime_in(app.state).followers
 
 
+def live_reads_of(app: Litestar) -> LiveReads | None:
+    """The app's count of live reads per tenant (http/live_reads.py), if it keeps one."""
+    live_reads: LiveReads | None = getattr(app, "live_reads", None)
+    return live_reads
+
+
 def subscribe_cursor(request: Request[Any, Any, Any]) -> int:
     """``Last-Event-ID`` when present (it wins), else ``?cursor=``, else 0."""
     last_event_id = request.headers.get("last-event-id")
@@ -76,10 +83,21 @@ async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
     cursor = subscribe_cursor(request)
     ref = await stream_for(request, "read")
     check_egress(request, ref)
-    redaction = redaction_for(principal_of(request), ref)
+    principal = principal_of(request)
+    redaction = redaction_for(principal, ref)
     followers = followers_of(request.app)
-    # Without redaction, Postgres writes the backfill's record events (store/read_frames.py).
-    subscription = await followers.subscribe(ref.stream_pk, cursor, sse_frames=not redaction)
+    # A live read of the tenant until the response ends (http/live_reads.py): given back
+    # by the events' end, or by the response if they never start.
+    live_reads = live_reads_of(request.app)
+    live_read = None if live_reads is None else live_reads.enter(principal.tenant)
+    try:
+        # Without redaction, Postgres writes the backfill's record events
+        # (store/read_frames.py).
+        subscription = await followers.subscribe(ref.stream_pk, cursor, sse_frames=not redaction)
+    except BaseException:
+        if live_read is not None:
+            live_read.close()
+        raise
     live = followers.settings
     abort = connection_abort(request.scope)
     guard = StallGuard(abort, live.stall_seconds) if abort is not None else None
@@ -98,8 +116,15 @@ async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
         instance=request.scope.get("path"),
         token_expires_at=_token_expiry(request),
         guard=guard,
+        live_read=live_read,
     )
-    return SseStream(events, media_type="text/event-stream", headers=SSE_HEADERS, writer=writer)
+    return SseStream(
+        events,
+        media_type="text/event-stream",
+        headers=SSE_HEADERS,
+        writer=writer,
+        on_end=None if live_read is None else live_read.close,
+    )
 
 
 async def _events(
@@ -112,6 +137,7 @@ async def _events(
     instance: str | None,
     token_expires_at: float | None,
     guard: StallGuard | None,
+    live_read: LiveRead | None,
 ) -> AsyncIterator[bytes]:
     keepalive = followers.settings.keepalive_seconds
     chunk = followers.settings.write_chunk
@@ -167,6 +193,8 @@ async def _events(
         metrics.SUBSCRIBERS.dec()
         writer.cancel()
         followers.release(stream_pk, subscription)
+        if live_read is not None:
+            live_read.close()
 
 
 def _token_expiry(request: Request[Any, Any, Any]) -> float | None:

@@ -247,12 +247,29 @@ async def _finish(write: _Write, blocked_on: Any) -> None:
 
 
 class _ASGISseResponse(ASGIStreamingResponse):
-    __slots__ = ("scope", "writer")
+    __slots__ = ("on_end", "scope", "writer")
 
-    def __init__(self, *, writer: DirectWriter, scope: Any, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        writer: DirectWriter,
+        scope: Any,
+        on_end: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.writer = writer
         self.scope = scope
+        self.on_end = on_end
+
+    async def __call__(self, scope: Any, receive: Any, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # The events' generator releases what it holds when it ends; one the client
+            # left before it ever started never runs its ``finally``.
+            if self.on_end is not None:
+                self.on_end()
 
     async def _stream(self, send: Send) -> None:
         # The head has been sent (Litestar's ASGIResponse sends it before the body).
@@ -264,11 +281,19 @@ class _ASGISseResponse(ASGIStreamingResponse):
 
 
 class SseStream(Stream):
-    """``Stream`` whose body may also be written by a ``DirectWriter``."""
+    """``Stream`` whose body may also be written by a ``DirectWriter``; ``on_end`` is
+    called once the response has ended, however it ended."""
 
-    def __init__(self, *args: Any, writer: DirectWriter, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *args: Any,
+        writer: DirectWriter,
+        on_end: Callable[[], None] | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.writer = writer
+        self.on_end = on_end
 
     def to_asgi_response(
         self,
@@ -290,6 +315,7 @@ class SseStream(Stream):
         return _ASGISseResponse(
             writer=self.writer,
             scope=request.scope,
+            on_end=self.on_end,
             background=self.background or background,
             content_length=0,
             cookies=cookies,

@@ -17,7 +17,8 @@ def _has(owner: object, *names: str) -> list[str]:
 
 def test_uvicorn_httptools_protocol() -> None:
     # http/connection_guard.py subclasses it and overrides these; it reads
-    # self.transport, self.loop and self.scope.
+    # self.transport, self.loop, self.scope, and self.url and self.headers (the request
+    # head's target and headers, at on_headers_complete).
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     missing = _has(
@@ -27,6 +28,7 @@ def test_uvicorn_httptools_protocol() -> None:
         "data_received",
         "on_message_begin",
         "on_headers_complete",
+        "on_body",
         "on_message_complete",
         "on_response_complete",
     )
@@ -35,7 +37,7 @@ def test_uvicorn_httptools_protocol() -> None:
         "overrides them (docs/security.md, 'Connections')"
     )
     source = inspect.getsource(HttpToolsProtocol)
-    for attribute in ("self.transport", "self.loop", "self.scope"):
+    for attribute in ("self.transport", "self.loop", "self.scope", "self.url", "self.headers"):
         assert attribute in source, (
             f"uvicorn's HttpToolsProtocol no longer sets {attribute}, which "
             "http/connection_guard.py uses"

@@ -31,6 +31,8 @@ from ductor_streams.errors import (
     StreamsError,
 )
 from ductor_streams.http.access import authenticate
+from ductor_streams.http.connection_guard import note_tenant
+from ductor_streams.http.live_reads import LiveRead, LiveReads
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
 from ductor_streams.names import API_MOUNT
 from ductor_streams.runtime import Runtime
@@ -79,6 +81,8 @@ class Request:
     stream_id: str
     headers: dict[str, str]
     query: list[tuple[str, str]]
+    # The process's count of live reads per tenant; None: live reads are not capped.
+    live_reads: LiveReads | None = None
 
     @property
     def path(self) -> str:
@@ -95,12 +99,19 @@ class Request:
         return values[0] if values else None
 
     def authenticate(self, scope: str) -> Principal:
-        return authenticate(
+        principal = authenticate(
             self.scope["headers"],
             self.run_id,
             scope,
             self.runtime.settings.require_jwt_secret(),
         )
+        note_tenant(self.scope, principal.tenant)
+        return principal
+
+    def live_read(self, principal: Principal) -> LiveRead | None:
+        """A place for one live read of the principal's tenant (None when uncapped);
+        TooManyLiveReads past the tenant's limit (http/live_reads.py)."""
+        return None if self.live_reads is None else self.live_reads.enter(principal.tenant)
 
 
 def ds_route(scope: Scope) -> re.Match[str] | None:
@@ -109,9 +120,16 @@ def ds_route(scope: Scope) -> re.Match[str] | None:
 
 
 async def answer_ds(
-    runtime: Runtime, scope: Scope, receive: Receive, send: Send, route: re.Match[str]
+    runtime: Runtime,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    route: re.Match[str],
+    *,
+    live_reads: LiveReads | None = None,
 ) -> None:
-    """Answer one DS request (``route`` is what ``ds_route`` matched)."""
+    """Answer one DS request (``route`` is what ``ds_route`` matched); ``live_reads``
+    caps each tenant's SSE and long-polls (http/live_reads.py)."""
     # Imported here: the handler modules import this one.
     from ductor_streams.http.ds import reads, sse, writes
 
@@ -126,6 +144,7 @@ async def answer_ds(
         route.group(2),
         headers,
         parse_qsl(scope.get("query_string", b"").decode("latin-1"), keep_blank_values=True),
+        live_reads,
     )
     method = scope["method"]
     try:

@@ -75,13 +75,13 @@ async def read(request: Request) -> Reply:
         tail = await ds.head(pool, ref.stream_pk)
         if live is None or tail.closed:
             return _tail_reply(ref, tail.latest_sequence, tail.closed, live is not None)
-        return await _long_poll(request, ref, tail.latest_sequence, mode, redaction)
+        return await _long_poll(request, principal, ref, tail.latest_sequence, mode, redaction)
     assert not isinstance(offset, str)
     page = await ds.read(pool, ref.stream_pk, offset, PAGE_RECORDS, PAGE_BYTES)
     if live is not None and not page.records:
         if page.closed:
             return _tail_reply(ref, page.latest_sequence, True, True)
-        return await _long_poll(request, ref, page.next_cursor, mode, redaction)
+        return await _long_poll(request, principal, ref, page.next_cursor, mode, redaction)
     reply = _page_reply(ref, page.records, page.latest_sequence, page.closed, mode, redaction)
     if live is not None:
         reply.headers["Stream-Cursor"] = response_cursor(cursor)
@@ -134,24 +134,35 @@ def _page_reply(
 
 
 async def _long_poll(
-    request: Request, ref: StreamRef, after: int, mode: media.Mode, redaction: list[str]
+    request: Request,
+    principal: Principal,
+    ref: StreamRef,
+    after: int,
+    mode: media.Mode,
+    redaction: list[str],
 ) -> Reply:
-    """Wait at the tail (``after``) for records, up to the long-poll timeout."""
+    """Wait at the tail (``after``) for records, up to the long-poll timeout: a live
+    read of the principal's tenant while it waits (http/live_reads.py)."""
     followers = request.runtime.followers
-    subscription = await followers.subscribe(ref.stream_pk, after)
     cursor = response_cursor(request.param("cursor"))
+    live_read = request.live_read(principal)
     waiting = metrics.REQUESTS_WAITING.labels(reason="long_poll")
-    waiting.inc()
     try:
-        item = await until_disconnect(
-            request.receive, subscription.next(request.runtime.settings.ds_long_poll_seconds)
-        )
-    except ClientGone:
-        metrics.WAITS_ABANDONED.labels(reason="long_poll").inc()
-        raise
+        subscription = await followers.subscribe(ref.stream_pk, after)
+        waiting.inc()
+        try:
+            item = await until_disconnect(
+                request.receive, subscription.next(request.runtime.settings.ds_long_poll_seconds)
+            )
+        except ClientGone:
+            metrics.WAITS_ABANDONED.labels(reason="long_poll").inc()
+            raise
+        finally:
+            waiting.dec()
+            followers.release(ref.stream_pk, subscription)
     finally:
-        waiting.dec()
-        followers.release(ref.stream_pk, subscription)
+        if live_read is not None:
+            live_read.close()
     if isinstance(item, list) and item:
         batches: list[LiveBatch] = item
         records = [r for batch in batches for r in batch.records]

@@ -34,7 +34,7 @@ from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, res
 from ductor_streams.http.ds.reads import readable_stream
 from ductor_streams.http.sse_response import StallGuard, connection_abort, pieces
 from ductor_streams.live.events import End, LiveBatch
-from ductor_streams.store import ds
+from ductor_streams.store import StreamRef, ds
 
 _LINES = re.compile(r"\r\n|\r|\n")
 
@@ -47,10 +47,28 @@ async def stream(request: Request, send: Send) -> None:
         raise InvalidInput("a live read needs an offset")
     offset = parse_offset(given)
     principal, ref = await readable_stream(request, "streams:read", "GET")
-    runtime = request.runtime
-    egress_check(principal, runtime.settings.region, ref)
+    egress_check(principal, request.runtime.settings.region, ref)
     redaction = redaction_for(principal, ref)
     mode = media.mode_of(ref.definition.media_type)
+    # A live read of the tenant from here to the response's end (http/live_reads.py).
+    live_read = request.live_read(principal)
+    try:
+        await _stream(request, send, ref, offset, mode, redaction)
+    finally:
+        if live_read is not None:
+            live_read.close()
+
+
+async def _stream(
+    request: Request,
+    send: Send,
+    ref: StreamRef,
+    offset: int | str | None,
+    mode: media.Mode,
+    redaction: list[str],
+) -> None:
+    """The response after the checks (``stream``)."""
+    runtime = request.runtime
     if offset == NOW or offset is None:
         tail = await ds.head(runtime.pool, ref.stream_pk)
         after = tail.latest_sequence if offset == NOW else tail.earliest_sequence - 1
