@@ -21,13 +21,15 @@ process runs out of file descriptors, when ``/healthz`` fails too. Here:
     answered;
   - any other request takes an admitted place: a free one, else the place of the
     connection that has waited longest for a request head (a silent or trickling
-    client, or an idle keep-alive one), else, when its bearer token is valid and its
-    tenant below its fair share, the place of the newest connection of the tenant
-    holding the most connections, if that tenant is above its own share (the evicted
-    connection is cut, whatever it was doing); else it is answered ``503`` and closed.
+    client, or an idle keep-alive one; not an idle one of another tenant at or below
+    its fair share), else, when its bearer token is valid and its tenant below its
+    fair share, the place of the newest connection of the tenant holding the most
+    connections, if that tenant is above its own share (the evicted connection is cut,
+    whatever it was doing); else it is answered ``503`` and closed.
 
-  A new connection beyond the reserve evicts the one waiting longest for a head; only
-  when none waits is it answered ``503`` at once. So a probe of ``/healthz`` gets in
+  A new connection beyond the reserve evicts the one waiting longest for a head (as
+  above, its tenant not known yet); only when none may go is it answered ``503`` at
+  once. So a probe of ``/healthz`` gets in
   however many stalled connections an attacker holds and whatever one tenant holds.
   The app names each connection's tenant once a request on it is authenticated
   (``note_tenant``).
@@ -38,6 +40,7 @@ The answers are RFC 9457 problems, like every other error of the server.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import resource
 from collections.abc import Callable, Sequence
@@ -65,6 +68,10 @@ _PROBE_RAW_PATHS = frozenset(path.encode() for path in PROBE_PATHS)
 # probe is answered in one of these places. They come out of the descriptors kept free
 # (``RESERVED_DESCRIPTORS``), and are taken only at the cap.
 PROVISIONAL_RESERVE = 16
+
+# At the cap, how many of the connections waiting longest for a head are looked at for
+# one that may be evicted: a bound on the work of each request there.
+IDLE_SCAN = 64
 
 # After a refusal the connection reads (and drops) what the client is still sending,
 # for up to this long or this many bytes, before it closes: closing a socket with
@@ -180,7 +187,7 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         elif table.has_reserve():
             table.hold_provisionally(self)  # decided when its head comes (_place_at_head)
         else:
-            victim = self._oldest_waiting(admitted_only=False)
+            victim = self._oldest_waiting(admitted_only=False, tenant=None)
             if victim is None:
                 metrics.CONNECTIONS_REFUSED.labels("too_many").inc()
                 self._answer_and_close(TOO_MANY_CONNECTIONS)
@@ -289,14 +296,13 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
             return True
         if self.url.partition(b"?")[0] in _PROBE_RAW_PATHS:
             return True
-        tenant = None
+        tenant_of = self.limits.tenant_of
+        tenant = None if tenant_of is None else tenant_of(self.headers)
         reason = "evicted"
-        victim = self._oldest_waiting(admitted_only=True)
-        if victim is None and self.limits.tenant_of is not None:
-            tenant = self.limits.tenant_of(self.headers)
-            if tenant is not None:
-                victim = table.fair_victim(tenant)
-                reason = "evicted_tenant"
+        victim = self._oldest_waiting(admitted_only=True, tenant=tenant)
+        if victim is None and tenant is not None:
+            victim = table.fair_victim(tenant)
+            reason = "evicted_tenant"
         if victim is None:
             metrics.CONNECTIONS_REFUSED.labels("too_many").inc()
             # Its provisional place is free at once, while it lingers to be read.
@@ -312,11 +318,18 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
     def _note_tenant(self, tenant: str) -> None:
         self.table.tag(self, tenant)
 
-    def _oldest_waiting(self, *, admitted_only: bool) -> GuardedHttpToolsProtocol | None:
+    def _oldest_waiting(
+        self, *, admitted_only: bool, tenant: str | None
+    ) -> GuardedHttpToolsProtocol | None:
         """The connection that has waited longest for a head (an admitted one only, if
-        asked), other than this one."""
-        for victim in self.waiting:
-            if victim is not self and (not admitted_only or self.table.is_admitted(victim)):
+        asked), other than this one, whose place a request of ``tenant`` may take."""
+        table = self.table
+        for victim in itertools.islice(self.waiting, IDLE_SCAN):
+            if (
+                victim is not self
+                and (not admitted_only or table.is_admitted(victim))
+                and table.may_take_idle(victim, tenant)
+            ):
                 return victim
         return None
 

@@ -7,8 +7,10 @@ what it is: a health probe is answered there, anything else needs an admitted pl
 Once a request on an admitted connection is authenticated, the connection carries the
 token's tenant until another tenant's request uses it.
 
-At the cap, a request of a tenant below its fair share may take the place of the
-newest connection of the tenant holding the most, when that tenant is above its own
+At the cap, a request first takes the place of an idle connection (waiting for a
+request head), unless that one carries another tenant at or below its fair share
+(``may_take_idle``); else, for a tenant below its fair share, the place of the newest
+connection of the tenant holding the most, when that tenant is above its own
 (``fair_victim``). The fair share is the cap divided by the number of tenants holding
 connections, the asking one included. So one tenant can fill an idle server, and
 gives places back, newest first, as others arrive; a tenant at or below its share never
@@ -100,11 +102,24 @@ class ConnectionTable(Generic[C]):
         """How many admitted connections carry ``tenant``."""
         return len(self._by_tenant.get(tenant, ()))
 
+    def _holders(self, tenant: str | None) -> int:
+        """Tenants holding connections, counting ``tenant`` among them."""
+        return len(self._by_tenant) + (tenant is not None and tenant not in self._by_tenant)
+
+    def may_take_idle(self, connection: C, tenant: str | None) -> bool:
+        """Whether a request of ``tenant`` (None: not known) may take the place of the
+        idle ``connection``: one that carries no tenant, ``tenant`` itself, or a tenant
+        above its fair share."""
+        owner = self._tenant.get(connection)
+        if owner is None or owner == tenant:
+            return True
+        return len(self._by_tenant[owner]) * self._holders(tenant) > self.cap
+
     def fair_victim(self, tenant: str) -> C | None:
         """The connection a request of ``tenant`` may take the place of at the cap: the
         newest of the tenant holding the most, if ``tenant`` is below its fair share and
         that one above its own; else None."""
-        holders = len(self._by_tenant) + (tenant not in self._by_tenant)
+        holders = self._holders(tenant)
         # Below the share cap / holders, in integers: held * holders < cap.
         if self.held_by(tenant) * holders >= self.cap:
             return None

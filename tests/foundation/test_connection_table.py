@@ -87,6 +87,21 @@ def test_nobody_below_or_at_their_share_is_evicted() -> None:
     assert table.fair_victim("c") == names["a"][-1]
 
 
+def test_an_idle_connection_goes_unless_another_tenant_at_its_share_holds_it() -> None:
+    table, names = _table(20, {"a": 15, "b": 5})
+    table.admit("fresh")  # a connection before its first request: nobody's
+    assert table.may_take_idle("fresh", None) and table.may_take_idle("fresh", "b")
+    # b's idle connection: b holds 5 of 20, below its share (10), so only b's own
+    # request may take it.
+    assert not table.may_take_idle(names["b"][0], "a")
+    assert not table.may_take_idle(names["b"][0], None)
+    assert table.may_take_idle(names["b"][0], "b")
+    # a's: a holds 15, above its share, whoever asks (even before the asker is known).
+    assert table.may_take_idle(names["a"][0], "b")
+    assert table.may_take_idle(names["a"][0], None)
+    assert table.may_take_idle(names["a"][0], "c")
+
+
 def test_untagged_connections_count_against_the_cap_but_are_never_victims() -> None:
     table: ConnectionTable[str] = ConnectionTable(3, reserve=1)
     for name in ("probe1", "probe2", "probe3"):

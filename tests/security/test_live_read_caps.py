@@ -81,11 +81,22 @@ class Answer:
         self.writer.close()
 
 
-async def send(port: int, method: str, path: str, token: str | None = None) -> Answer:
-    """Open a connection and send one request (no body); nothing read yet."""
+def request_bytes(method: str, path: str, token: str | None = None, body: bytes = b"") -> bytes:
+    """One HTTP/1.1 request; a body is sent as JSON."""
+    head = f"{method} {path} HTTP/1.1\r\nHost: x\r\n"
+    if token:
+        head += f"Authorization: Bearer {token}\r\n"
+    if body:
+        head += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+    return head.encode() + b"\r\n" + body
+
+
+async def send(
+    port: int, method: str, path: str, token: str | None = None, body: bytes = b""
+) -> Answer:
+    """Open a connection and send one request; nothing read yet."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    writer.write(f"{method} {path} HTTP/1.1\r\nHost: x\r\n{auth}\r\n".encode())
+    writer.write(request_bytes(method, path, token, body))
     await writer.drain()
     return Answer(reader, writer)
 
@@ -201,7 +212,7 @@ async def test_live_reads_are_capped_per_tenant_across_sse_and_long_poll(
     # A long-poll answers at once only when it is refused; an admitted one waits.
     poll_heads = [asyncio.ensure_future(read_head(a, patience=120)) for a in polls]
 
-    def refused_polls() -> int:
+    async def refused_polls() -> int:
         return sum(1 for t in poll_heads if t.done() and t.result().status == 429)
 
     sse_ok = sum(1 for a in sse if a.status == 200)
@@ -212,7 +223,7 @@ async def test_live_reads_are_capped_per_tenant_across_sse_and_long_poll(
     expected_refused_polls = 5 - len(sse_refused)
     assert 0 <= expected_refused_polls <= 4, (sse_ok, len(sse_refused))
     await eventually(
-        lambda: _value(refused_polls()),
+        refused_polls,
         lambda n: n == expected_refused_polls,
         timeout=10,
         what="the refused long-polls answered",
@@ -277,10 +288,6 @@ async def test_live_reads_are_capped_per_tenant_across_sse_and_long_poll(
     assert_too_many_live_reads(await get(port, paths.long_poll, big_token))
 
 
-async def _value(n: int) -> int:
-    return n
-
-
 @pytest.mark.timeout(120)
 async def test_probes_answer_at_a_full_cap_and_another_tenant_evicts_the_newest(
     full_server: ServerProcess, run_id: str
@@ -315,29 +322,30 @@ async def test_probes_answer_at_a_full_cap_and_another_tenant_evicts_the_newest(
     assert refused.status == 503 and refused.problem_code() == "too_many_connections"
     assert all(await asyncio.gather(*(a.alive() for a in held)))
 
-    # A probe held open (a slow load balancer's keep-alive connection) is not evicted
-    # by another tenant's request either.
+    # A probe's connection kept open, idle (a load balancer's keep-alive connection),
+    # is not taken for another tenant's request.
     kept_probe = await get(port, "/healthz")
     assert kept_probe.status == 200
 
-    # Another tenant gets in: its live read evicts the big tenant's newest connection.
+    # Another tenant gets in: its live read evicts the big tenant's newest connection,
     other_sse = await get(port, other_paths.subscribe, other_token)
     assert other_sse.status == 200, (other_sse.status, other_sse.body)
     assert await held[-1].closed()
-    assert await other_sse.alive()
-    # And so does its append, on a new connection (the next newest goes).
-    async with httpx.AsyncClient(base_url=full_server.url, timeout=30) as http:
-        append = await http.post(
-            other_paths.ds,
-            headers={"Authorization": f"Bearer {other_token}", "Content-Type": "application/json"},
-            content=b'{"n":1}',
-        )
-        assert append.status_code in (200, 204), append.text
-    assert await held[-2].closed()
-    assert all(await asyncio.gather(*(a.alive() for a in held[:-2])))
-    # The probe's connection was never a candidate: it answers again.
-    kept_probe.writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    kept_probe.writer.write(request_bytes("GET", "/healthz"))
     assert (await read_head(kept_probe)).status == 200
+    # and so does its append, on a new connection (the next newest goes).
+    append = await read_head(await send(port, "POST", other_paths.ds, other_token, b'{"n":1}'))
+    assert append.status == 204, (append.status, append.body)
+    assert await held[-2].closed()
+    # That connection, idle now, is not the big tenant's to take (the other tenant is
+    # below its share): the big tenant is refused, and the append's connection serves
+    # the next append.
+    refused = await get(port, paths.subscribe, big_token)
+    assert refused.status == 503 and refused.problem_code() == "too_many_connections"
+    append.writer.write(request_bytes("POST", other_paths.ds, other_token, b'{"n":2}'))
+    assert (await read_head(append)).status == 204
+    assert await other_sse.alive()
+    assert all(await asyncio.gather(*(a.alive() for a in held[:-2])))
 
 
 @pytest.mark.timeout(120)
