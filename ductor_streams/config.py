@@ -124,6 +124,13 @@ class Settings(BaseModel):
     sse_buffer_bytes: int = Field(default=4 * 1024 * 1024, ge=64 * 1024, le=1024**3)
     sse_stall_seconds: float = Field(default=30.0, ge=0.5, le=3600)
 
+    # catch-up reads: native pages, DS catch-up, object downloads (docs/security.md,
+    # "Tenant isolation")
+    read_stall_seconds: float = Field(default=10.0, ge=0.5, le=3600)
+    read_piece_bytes: int = Field(default=256 * 1024, ge=16 * 1024, le=16 * 1024 * 1024)
+    tenant_max_reads: int = Field(default=8, ge=1, le=100_000)
+    tenant_read_wait_seconds: float = Field(default=1.0, ge=0, le=60)
+
     # the Durable Streams endpoint (docs/durable-streams.md)
     ds_long_poll_seconds: float = Field(default=20.0, ge=0.05, le=300)
     ds_sse_seconds: float = Field(default=60.0, ge=0.05, le=3600)

@@ -204,6 +204,17 @@ class TooManyLiveReads(StreamsError):
         self.retry_after = max(1, int(retry_after))
 
 
+class TooManyReads(StreamsError):
+    """The tenant has too many catch-up reads in progress; retry after ``Retry-After``."""
+
+    code = "too_many_reads"
+    status = 429
+
+    def __init__(self, detail: str | None = None, *, retry_after: int = 1) -> None:
+        super().__init__(detail)
+        self.retry_after = max(1, int(retry_after))
+
+
 # Seconds a client is told to wait (``Retry-After``) while the database is unavailable:
 # a restart or failover takes a few seconds, and clients back off further themselves.
 DATABASE_RETRY_AFTER_SECONDS = 1

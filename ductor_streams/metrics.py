@@ -22,6 +22,8 @@ Call sites, by metric:
 - ``STAGED_STATEMENTS``: the appender, per staged statement (store/append.py).
 - ``GAP_REPAIRS``/``GAP_REPAIRED_RECORDS``: where live delivery records gap evidence.
 - ``PRUNED_RECORDS``, ``OBJECT_DELETIONS``, ``EXPIRED_INTENTS``: maintenance.
+- ``READ_STALL_CUTS``: the write budget of catch-up responses (http/write_budget.py);
+  ``READS_REFUSED``: the tenants' read slots (http/tenant_reads.py).
 - ``UPKEEP_ERRORS``: maintenance, once per item of a pass that failed and was stepped
   over (``maintenance/isolation.py``).
 - ``DELIVERY_RETRIES``: operator retries (``ops.retry_delivery``).
@@ -217,6 +219,20 @@ LIVE_READS_REFUSED = Counter(
     "ductor_streams_live_reads_refused_total",
     "Live reads (SSE, long-poll) refused 429 too_many_live_reads: their tenant had as "
     "many open in this process as it may (http/live_reads.py).",
+    registry=REGISTRY,
+)
+READ_STALL_CUTS = Counter(
+    "ductor_streams_read_stall_cuts_total",
+    "Catch-up responses whose connection was cut because the client took no piece of "
+    "the body within DUCTOR_STREAMS_READ_STALL_SECONDS (http/write_budget.py), by route: "
+    "records, ds, object.",
+    ["route"],
+    registry=REGISTRY,
+)
+READS_REFUSED = Counter(
+    "ductor_streams_reads_refused_total",
+    "Catch-up reads refused with 429 too_many_reads: their tenant had "
+    "DUCTOR_STREAMS_TENANT_MAX_READS in progress for the whole wait (http/tenant_reads.py).",
     registry=REGISTRY,
 )
 UPKEEP_ERRORS = Counter(
@@ -468,6 +484,8 @@ for _reason in ("credit", "quota"):
     CREDIT_REJECTIONS.labels(_reason)
 for _reason in ("head_timeout", "head_too_large", "too_many", "evicted"):
     CONNECTIONS_REFUSED.labels(_reason)
+for _route in ("records", "ds", "object"):
+    READ_STALL_CUTS.labels(_route)
 for _outcome in ("delivered", "retrying", "dead"):
     DELIVERY_ATTEMPTS.labels(_outcome)
 for _outcome in ("done", "failed"):

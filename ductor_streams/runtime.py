@@ -1,13 +1,13 @@
 """What a serving process shares, opened and closed in one place, in a fixed order.
 
 ``open_runtime(settings)`` opens, in this order: the connection pool, the LISTEN hub,
-the store over both, the live followers (fed the process's own commits), and the object
-service. The workers (maintenance, the input dispatcher; ``workers.worker_services``)
-start after it, each given the ``Runtime``, and stop before it. On the way out the
-order is reversed: followers (their tasks stopped), hub, pool. ``serve`` opens one in
-the app's lifespan (http/app.py; handlers reach it through http/state.py), ``workers``
-one of its own (worker_process.py), and a Temporal worker with the ``StreamsPlugin`` one
-for the activities' life (``StreamsActivities.lifetime``).
+the store over both, the live followers (fed the process's own commits), the object
+service and the tenants' read slots. The workers (maintenance, the input dispatcher;
+``workers.worker_services``) start after it, each given the ``Runtime``, and stop
+before it. On the way out the order is reversed: followers (their tasks stopped), hub,
+pool. ``serve`` opens one in the app's lifespan (http/app.py; handlers reach it through
+http/state.py), ``workers`` one of its own (worker_process.py), and a Temporal worker
+with the ``StreamsPlugin`` one for the activities' life (``StreamsActivities.lifetime``).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from ductor_streams.objects import BlobStores
 from ductor_streams.objects.intents import ObjectService
 from ductor_streams.store import Store
 from ductor_streams.store.db import create_pool
+from ductor_streams.tenant_reads import TenantReads
 
 
 @dataclass(frozen=True)
@@ -38,6 +39,8 @@ class Runtime:
     store: Store
     followers: Followers
     objects: ObjectService
+    # The tenants' catch-up read slots of this process (tenant_reads.py).
+    reads: TenantReads
 
 
 @contextlib.asynccontextmanager
@@ -75,7 +78,8 @@ async def open_runtime(
             region=settings.region,
             intent_ttl_seconds=settings.object_intent_ttl,
         )
-        yield Runtime(settings, pool, hub, store, followers, objects)
+        reads = TenantReads(settings.tenant_max_reads, settings.tenant_read_wait_seconds)
+        yield Runtime(settings, pool, hub, store, followers, objects, reads)
     finally:
         if followers is not None:
             await followers.close()

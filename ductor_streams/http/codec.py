@@ -152,20 +152,21 @@ def page_json(page: Page, redaction: list[str]) -> dict[str, Any]:
     }
 
 
+PAGE_HEAD = b'{"records":['
 _PAGE_TAIL = b'],"next_cursor":%d,"earliest_sequence":%d,"latest_sequence":%d,"closed":%b}'
+
+
+def page_tail(next_cursor: int, earliest: int, latest: int, closed: bool) -> bytes:
+    """What follows a page's records in its encoded ``page_json`` (after ``PAGE_HEAD``
+    and the records joined with commas)."""
+    return _PAGE_TAIL % (next_cursor, earliest, latest, b"true" if closed else b"false")
 
 
 def page_text_json(page: PageText) -> bytes:
     """The encoded ``page_json`` of a page whose records Postgres wrote as JSON text
     (``store.read.read_page_text``): the same bytes, spliced instead of encoded."""
     return (
-        b'{"records":['
+        PAGE_HEAD
         + page.records_json.encode()
-        + _PAGE_TAIL
-        % (
-            page.next_cursor,
-            page.earliest_sequence,
-            page.latest_sequence,
-            b"true" if page.closed else b"false",
-        )
+        + page_tail(page.next_cursor, page.earliest_sequence, page.latest_sequence, page.closed)
     )

@@ -56,6 +56,7 @@ from ductor_streams.http.connection_table import ConnectionTable
 
 # The scope extension that lets the app act on the request's connection:
 # ``scope["extensions"][CONNECTION_EXTENSION]["abort"]()`` cuts it,
+# ``...["closing"]()`` says whether it is closing or gone (http/write_budget.py),
 # ``...["body_writer"](scope)`` is a ``ChunkWriter`` for that request's response, and
 # ``...["tenant"](tenant)`` names the tenant whose request it serves (``note_tenant``).
 CONNECTION_EXTENSION = "ductor.connection"
@@ -173,10 +174,12 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._discard_left = -1  # >= 0 while lingering after a refusal
         # The ASGI scope's extension that lets the app cut this connection (a stalled
-        # SSE reader: http/sse_response.py) and name its tenant (``note_tenant``).
+        # SSE reader: http/sse_response.py; a stalled catch-up: http/write_budget.py)
+        # and name its tenant (``note_tenant``).
         self._extensions: dict[str, dict[object, object]] = {
             CONNECTION_EXTENSION: {
                 "abort": self.transport.abort,
+                "closing": self.transport.is_closing,
                 "body_writer": self.body_writer,
                 "tenant": self._note_tenant,
             }

@@ -59,7 +59,7 @@ _STATUS_TEXT = {
     "410": "Gone",
     "413": "Too large",
     "422": "Well-formed but refused",
-    "429": "Too many; retry after `Retry-After` seconds",
+    "429": "Too many requests; retry after `Retry-After` seconds",
     "431": "`request_header_too_large`: the request's headers are too large",
     "503": "`database_unavailable` (Postgres restarting, failing over or unreachable) or "
     "`too_many_connections` (the connection cap); retry after `Retry-After` seconds",
@@ -75,6 +75,8 @@ _EVERY_API_OPERATION = {
 _IN_RUN = {"404": ["not_found"], "400": ["invalid_request"]}
 _BODY = {"400": ["invalid_body"], "413": ["request_too_large"]}
 _READ = {"403": ["forbidden", "egress_denied"]}
+# A catch-up read past its tenant's reads in progress (tenant_reads.py).
+_TOO_MANY_READS = {"429": ["too_many_reads"]}
 
 _INT = {"type": "integer", "minimum": 0}
 _STR = {"type": "string"}
@@ -437,7 +439,7 @@ OPERATIONS: dict[tuple[str, str], OperationDoc] = {
             )
         },
         query={"cursor": _CURSOR, "limit": _LIMIT},
-        errors=_errors(_IN_RUN, _READ, _CURSOR_ERRORS, {"400": ["invalid_limit"]}),
+        errors=_errors(_IN_RUN, _READ, _CURSOR_ERRORS, {"400": ["invalid_limit"]}, _TOO_MANY_READS),
     ),
     ("get", "/runs/{run_id}/streams/{stream_id}/subscribe"): OperationDoc(
         "subscribe",
@@ -535,7 +537,12 @@ OPERATIONS: dict[tuple[str, str], OperationDoc] = {
         "downloadObject",
         answers={"200": {"type": "string", "format": "binary"}},
         answer_media_type="*/*",
-        errors=_errors(_IN_RUN, _READ, {"409": ["object_not_uploaded"], "410": ["object_pruned"]}),
+        errors=_errors(
+            _IN_RUN,
+            _READ,
+            {"409": ["object_not_uploaded"], "410": ["object_pruned"]},
+            _TOO_MANY_READS,
+        ),
     ),
     ("get", "/ops/deliveries"): OperationDoc(
         "listDeliveries",

@@ -19,6 +19,7 @@ from ductor_streams.errors import (
     RequestTooLarge,
     StreamsError,
     TooManyLiveReads,
+    TooManyReads,
 )
 from ductor_streams.logs import REQUEST_ID
 from ductor_streams.store.db import translate_db_error
@@ -47,7 +48,9 @@ def problem_parts(
         # The same ID as the response's X-Request-ID header and the request's log lines.
         body["request_id"] = request_id
     headers = {}
-    if isinstance(error, CreditExhausted | DatabaseUnavailable | TooManyLiveReads):
+    if isinstance(
+        error, CreditExhausted | DatabaseUnavailable | TooManyLiveReads | TooManyReads
+    ):
         headers["Retry-After"] = str(error.retry_after)
     elif isinstance(error, MethodNotAllowed) and error.allow:
         headers["Allow"] = error.allow

@@ -29,7 +29,13 @@ from ductor_streams.http.disconnect import caller_gone
 from ductor_streams.http.headers import API_HEADERS
 from ductor_streams.http.observe import REQUEST_ID_HEADER
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
-from ductor_streams.http.routes_records import MAX_APPEND_BODY, append_answer, read_answer
+from ductor_streams.http.routes_records import (
+    MAX_APPEND_BODY,
+    append_answer,
+    budgeted_pieces,
+    read_answer,
+)
+from ductor_streams.http.write_budget import send_pieces
 from ductor_streams.names import API_MOUNT
 from ductor_streams.runtime import Runtime
 
@@ -97,9 +103,8 @@ async def answer_records(
             note_tenant(scope, principal.tenant)
             query = _first_values(scope.get("query_string", b""))
             answer = await read_answer(
-                runtime.store,
+                runtime,
                 principal,
-                settings.region,
                 run_id,
                 stream_id,
                 query.get("cursor"),
@@ -111,6 +116,12 @@ async def answer_records(
         status, body, extra = problem_parts(error_for(exc, path), path)
         await _respond(send, status, _PROBLEM, body, extra, request_id)
         return status
+    if answer.pieces is not None:
+        # A page larger than a piece: sent a piece at a time (http/write_budget.py).
+        pieces = budgeted_pieces(answer, scope, settings.read_stall_seconds)
+        await send(_start(answer.status, _JSON, None, answer.headers, request_id))
+        await send_pieces(send, pieces)
+        return answer.status
     await _respond(send, answer.status, _JSON, answer.body, answer.headers, request_id)
     return answer.status
 
@@ -126,15 +137,26 @@ async def _respond(
     extra: dict[str, str],
     request_id: str,
 ) -> None:
-    response_headers = [
-        (b"content-type", media_type),
-        (b"content-length", str(len(body)).encode()),
-        *API_HEADERS,
-        (REQUEST_ID_HEADER, request_id.encode("ascii")),
-    ]
-    response_headers.extend((k.lower().encode(), v.encode("latin-1")) for k, v in extra.items())
-    await send({"type": "http.response.start", "status": status, "headers": response_headers})
+    await send(_start(status, media_type, len(body), extra, request_id))
     await send({"type": "http.response.body", "body": body})
+
+
+def _start(
+    status: int,
+    media_type: bytes,
+    length: int | None,
+    extra: dict[str, str],
+    request_id: str,
+) -> dict[str, Any]:
+    """The response's start message; without a ``length`` the server frames the body in
+    chunks."""
+    response_headers = [(b"content-type", media_type)]
+    if length is not None:
+        response_headers.append((b"content-length", str(length).encode()))
+    response_headers.extend(API_HEADERS)
+    response_headers.append((REQUEST_ID_HEADER, request_id.encode("ascii")))
+    response_headers.extend((k.lower().encode(), v.encode("latin-1")) for k, v in extra.items())
+    return {"type": "http.response.start", "status": status, "headers": response_headers}
 
 
 async def read_body(headers: list[tuple[bytes, bytes]], receive: Receive, limit: int) -> Body:

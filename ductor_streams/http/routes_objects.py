@@ -20,6 +20,7 @@ from ductor_streams.http.codec import json_body, json_response
 from ductor_streams.http.disconnect import caller_gone
 from ductor_streams.http.routes_streams import STREAM
 from ductor_streams.http.state import runtime_of
+from ductor_streams.http.write_budget import BudgetedBody
 from ductor_streams.objects import MAX_OBJECT_BYTES, ObjectIntent, PrepareRequest
 from ductor_streams.objects.intents import ObjectService
 
@@ -158,12 +159,32 @@ async def read_object(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get(OBJECT + "/content", opt={"scope": "streams:read"})
 async def download_object(request: Request[Any, Any, Any]) -> Stream:
-    """The bytes of a committed object (egress checked, like every payload path)."""
+    """The bytes of a committed object (egress checked, like every payload path).
+
+    The download takes one of its tenant's read slots (tenant_reads.py), held until the
+    bytes are written, and goes out a piece at a time under the write budget
+    (http/write_budget.py): a client that stops reading is cut."""
     ref = await stream_for(request, "read")
     check_egress(request, ref)
-    intent, content = await object_service(request).download(ref, request.path_params["object_id"])
-    return Stream(
+    runtime = runtime_of(request)
+    settings = runtime.settings
+    slot = await runtime.reads.admit(principal_of(request).tenant)
+    try:
+        intent, content = await object_service(request).download(
+            ref, request.path_params["object_id"], block_bytes=settings.read_piece_bytes
+        )
+    except BaseException:
+        slot.release()
+        raise
+    body = BudgetedBody(
         content,
+        request.scope,
+        stall_seconds=settings.read_stall_seconds,
+        route="object",
+        on_end=slot.release,
+    )
+    return Stream(
+        body,
         headers={
             # Exactly the uploader's type, as a header: as ``media_type`` Litestar would
             # append "; charset=utf-8" to a text/* type, even to one naming its charset.

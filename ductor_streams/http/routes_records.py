@@ -8,21 +8,25 @@ machinery, so both ways in answer alike.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 from litestar import Request, Response, get, post
+from litestar.response import Stream
 
 from ductor_streams.auth import Principal
 from ductor_streams.http.access import egress_check, principal_of, redaction_for, resolve_stream
 from ductor_streams.http.append_body import AppendBody as AppendBody  # for http/openapi.py
 from ductor_streams.http.append_body import Body, decode_append_body
-from ductor_streams.http.codec import encode_json, page_json, page_text_json
+from ductor_streams.http.codec import encode_json
 from ductor_streams.http.disconnect import caller_gone
 from ductor_streams.http.params import parse_cursor, parse_limit
+from ductor_streams.http.record_pages import page_body
 from ductor_streams.http.routes_streams import STREAM
 from ductor_streams.http.state import runtime_of
+from ductor_streams.http.write_budget import BudgetedBody
+from ductor_streams.runtime import Runtime
 from ductor_streams.store import Store
 from ductor_streams.store.gone import CallerGone
 
@@ -32,11 +36,15 @@ MAX_APPEND_BODY = 80 * 1024 * 1024
 
 @dataclass(frozen=True)
 class Answer:
-    """A JSON response: status, encoded body and extra headers."""
+    """A JSON response: status, encoded body and extra headers; or, for a page larger than
+    a piece, its ``pieces`` (``body`` is then empty), sent under the write budget
+    (http/write_budget.py) with ``release`` run when they are done."""
 
     status: int
     body: bytes
     headers: dict[str, str] = field(default_factory=dict)
+    pieces: AsyncIterator[bytes] | None = None
+    release: Callable[[], None] | None = None
 
     def to_response(self) -> Response[bytes]:
         return Response(
@@ -74,9 +82,8 @@ async def append_answer(
 
 
 async def read_answer(
-    store: Store,
+    runtime: Runtime,
     principal: Principal,
-    home_region: str,
     run_id: str,
     stream_id: str,
     cursor: str | None,
@@ -84,21 +91,41 @@ async def read_answer(
 ) -> Answer:
     """A page of records after ``cursor`` (already authenticated with ``streams:read``).
 
-    Without redaction Postgres writes the records' JSON (``store.read.read_page_text``):
-    profiled, building and encoding a Python object per record and field took over half
-    the server's time of a catch-up read. A page with an object reference, or a reader
-    with redaction, is read and encoded record by record."""
+    Once the stream is resolved and its egress allowed, the read takes one of its
+    tenant's read slots (tenant_reads.py: 429 ``too_many_reads`` when none comes free in
+    time), held until the body is written. Without redaction Postgres writes the
+    records' JSON (``store.read.read_page_text``): profiled, building and encoding a
+    Python object per record and field took over half the server's time of a catch-up
+    read. A page with an object reference, or a reader with redaction, is read and
+    encoded record by record. A page larger than ``DUCTOR_STREAMS_READ_PIECE_BYTES`` is
+    read and sent a piece at a time (http/record_pages.py)."""
     after = parse_cursor(cursor)
     count = parse_limit(limit)
+    store = runtime.store
+    settings = runtime.settings
     ref = await resolve_stream(store, principal, run_id, stream_id, "read", "GET")
-    egress_check(principal, home_region, ref)
+    egress_check(principal, settings.region, ref)
     redaction = redaction_for(principal, ref)
-    if not redaction:
-        text = await store.read_text(ref, after, count)
-        if text is not None:
-            return Answer(200, page_text_json(text))
-    page = await store.read(ref, after, count)
-    return Answer(200, encode_json(page_json(page, redaction)))
+    slot = await runtime.reads.admit(principal.tenant)
+    try:
+        body, pieces = await page_body(
+            store, ref, redaction, after, count, settings.read_piece_bytes
+        )
+    except BaseException:
+        slot.release()
+        raise
+    if pieces is None:
+        slot.release()
+        return Answer(200, body)
+    return Answer(200, b"", pieces=pieces, release=slot.release)
+
+
+def budgeted_pieces(answer: Answer, scope: Any, stall_seconds: float) -> BudgetedBody:
+    """The pieces of a page answer under the write budget (http/write_budget.py)."""
+    assert answer.pieces is not None
+    return BudgetedBody(
+        answer.pieces, scope, stall_seconds=stall_seconds, route="records", on_end=answer.release
+    )
 
 
 @post(
@@ -122,18 +149,24 @@ async def append_records(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 @get(STREAM + "/records", opt={"scope": "streams:read"})
-async def read_records(request: Request[Any, Any, Any]) -> Response[bytes]:
+async def read_records(request: Request[Any, Any, Any]) -> Response[Any]:
     """Records with ``sequence > cursor``, ascending, at most ``limit``."""
+    runtime = runtime_of(request)
     answer = await read_answer(
-        runtime_of(request).store,
+        runtime,
         principal_of(request),
-        runtime_of(request).settings.region,
         request.path_params["run_id"],
         request.path_params["stream_id"],
         request.query_params.get("cursor"),
         request.query_params.get("limit"),
     )
-    return answer.to_response()
+    if answer.pieces is None:
+        return answer.to_response()
+    return Stream(
+        budgeted_pieces(answer, request.scope, runtime.settings.read_stall_seconds),
+        status_code=answer.status,
+        media_type="application/json",
+    )
 
 
 ROUTES = [append_records, read_records]

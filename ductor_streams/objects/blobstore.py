@@ -190,8 +190,9 @@ class BlobStore(Protocol):
         MD5 recorded when the bytes were verified at upload, if they were."""
         ...
 
-    def read(self, key: str) -> AsyncIterator[bytes]:
-        """The bytes at ``key``, in blocks (NotFound when absent)."""
+    def read(self, key: str, block_bytes: int = BLOCK_BYTES) -> AsyncIterator[bytes]:
+        """The bytes at ``key``, in blocks of at most ``block_bytes`` (NotFound when
+        absent); each block is read when the last one has been taken."""
         ...
 
     async def delete(self, key: str) -> None:

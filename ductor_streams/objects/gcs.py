@@ -140,13 +140,15 @@ class GcsBlobStore:
                 hasher.update(block)
         return Check.MATCH if hasher.evidence().matches(pins) else Check.MISMATCH
 
-    async def read(self, key: str) -> AsyncIterator[bytes]:
+    async def read(self, key: str, block_bytes: int = BLOCK_BYTES) -> AsyncIterator[bytes]:
         blob = await asyncio.to_thread(self._get_bucket().get_blob, self._name(key))
         if blob is None:
             raise NotFound("the object's bytes are not in the store")
-        reader = await asyncio.to_thread(blob.open, "rb", chunk_size=BLOCK_BYTES * 4)
+        # The reader buffers a chunk (a multiple of 256 KiB) ahead of the blocks.
+        chunk = -(-block_bytes * 4 // (256 * 1024)) * 256 * 1024
+        reader = await asyncio.to_thread(blob.open, "rb", chunk_size=chunk)
         try:
-            while block := await asyncio.to_thread(reader.read, BLOCK_BYTES):
+            while block := await asyncio.to_thread(reader.read, block_bytes):
                 yield block
         finally:
             reader.close()

@@ -30,6 +30,7 @@ from ductor_streams.errors import (
 )
 from ductor_streams.maintenance.deletions import run_deletion
 from ductor_streams.objects.blobstore import (
+    BLOCK_BYTES,
     Check,
     EvidenceHasher,
     SignedUpload,
@@ -348,9 +349,10 @@ class ObjectService:
     # -- download ------------------------------------------------------------------------
 
     async def download(
-        self, ref: StreamRef, object_id: str
+        self, ref: StreamRef, object_id: str, *, block_bytes: int = BLOCK_BYTES
     ) -> tuple[ObjectIntent, AsyncIterator[bytes]]:
-        """A committed object's bytes (the caller has checked egress)."""
+        """A committed object's bytes, in blocks of at most ``block_bytes`` (the caller
+        has checked egress)."""
         intent = await self.get(ref, object_id)
         if intent.state != "committed":
             raise NotFound(f"object {intent.object_id} is not committed")
@@ -358,7 +360,7 @@ class ObjectService:
         if intent.committed_sequence < intent.earliest_sequence:
             raise ObjectPruned()
         store = self.stores.for_region(intent.region)
-        return intent, store.read(intent.storage_key)
+        return intent, store.read(intent.storage_key, block_bytes)
 
 
 async def _verify_only(chunks: AsyncIterable[bytes], intent: ObjectIntent) -> None:

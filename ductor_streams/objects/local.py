@@ -85,13 +85,13 @@ class LocalBlobStore:
             return Check.MISSING
         return Check.MATCH if evidence.matches(pins) else Check.MISMATCH
 
-    async def read(self, key: str) -> AsyncIterator[bytes]:
+    async def read(self, key: str, block_bytes: int = BLOCK_BYTES) -> AsyncIterator[bytes]:
         try:
             handle: BinaryIO = await asyncio.to_thread(open, self._path(key), "rb")
         except FileNotFoundError:
             raise NotFound("the object's bytes are not in the store") from None
         try:
-            while block := await asyncio.to_thread(handle.read, BLOCK_BYTES):
+            while block := await asyncio.to_thread(handle.read, block_bytes):
                 yield block
         finally:
             handle.close()

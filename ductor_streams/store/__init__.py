@@ -26,7 +26,15 @@ from ductor_streams.store.models import (
     StreamRef,
     StreamState,
 )
-from ductor_streams.store.read import PageText, read_page, read_page_text
+from ductor_streams.store.read import (
+    WHOLE_PAGE,
+    PageText,
+    RangeText,
+    read_page,
+    read_page_text,
+    read_range,
+    read_range_text,
+)
 from ductor_streams.store.receipts import Receipt, receipts_with_prefix
 from ductor_streams.store.wakes import WakeSender
 
@@ -35,6 +43,7 @@ __all__ = [
     "EncodedBatch",
     "Page",
     "PageText",
+    "RangeText",
     "Receipt",
     "Record",
     "Store",
@@ -122,13 +131,32 @@ class Store:
                 ) from None
             raise
 
-    async def read(self, ref: StreamRef, cursor: int, limit: int) -> Page:
-        return await read_page(self.pool, ref.stream_pk, cursor, limit)
+    async def read(
+        self, ref: StreamRef, cursor: int, limit: int, max_bytes: int | None = None
+    ) -> Page:
+        """Records after ``cursor``, at most ``limit`` (and, given ``max_bytes``, those
+        within that many payload bytes, at least one): ``store.read.read_page``."""
+        return await read_page(self.pool, ref.stream_pk, cursor, limit, max_bytes)
 
-    async def read_text(self, ref: StreamRef, cursor: int, limit: int) -> PageText | None:
-        """``read`` with the records as the API's JSON text (``store.read.read_page_text``);
-        None when the page must be read with ``read`` (a record refers to an object)."""
-        return await read_page_text(self.pool, ref.stream_pk, cursor, limit)
+    async def read_text(
+        self, ref: StreamRef, cursor: int, limit: int, max_bytes: int = WHOLE_PAGE
+    ) -> PageText | None:
+        """``read`` with the records as the API's JSON text (``store.read.read_page_text``:
+        with ``max_bytes``, the page's first piece); None when the page must be read with
+        ``read`` (a record refers to an object)."""
+        return await read_page_text(self.pool, ref.stream_pk, cursor, limit, max_bytes)
+
+    async def read_range_text(
+        self, ref: StreamRef, after: int, last: int, max_bytes: int
+    ) -> RangeText | None:
+        """A later piece of a page read with ``read_text`` (``store.read.read_range_text``)."""
+        return await read_range_text(self.pool, ref.stream_pk, after, last, max_bytes)
+
+    async def read_range(
+        self, ref: StreamRef, after: int, last: int, max_bytes: int
+    ) -> list[Record]:
+        """``read_range_text``'s records as values (``store.read.read_range``)."""
+        return await read_range(self.pool, ref.stream_pk, after, last, max_bytes)
 
     async def receipts(self, ref: StreamRef, key_prefix: str) -> list[Receipt]:
         """The stream's append receipts whose idempotency key starts with ``key_prefix``."""

@@ -102,15 +102,35 @@ async def head(pool: asyncpg.Pool, stream_pk: int) -> StreamHead:
     return StreamHead(row["latest_sequence"], row["earliest_sequence"], row["closed"])
 
 
+@dataclass(frozen=True, slots=True)
+class CatchUpPage:
+    """A DS catch-up page: its first piece (``first``: its records and the stream's
+    bounds) and its last sequence (``page_last``, None when it is empty). The records
+    after the piece, up to ``page_last``, are read with ``read.read_range``."""
+
+    first: Page
+    page_last: int | None
+
+
 async def read(
-    pool: asyncpg.Pool, stream_pk: int, after: int | None, limit: int, max_bytes: int
-) -> Page:
-    """Records after ``after`` (None: from the first retained record), at most ``limit``
-    and about ``max_bytes`` (at least one record); ``read_page``'s cursor rules."""
-    rows = await pool.fetch(QUERIES["ds_records_read"], stream_pk, after, limit, max_bytes)
+    pool: asyncpg.Pool,
+    stream_pk: int,
+    after: int | None,
+    limit: int,
+    max_bytes: int,
+    piece_bytes: int,
+) -> CatchUpPage:
+    """The page after ``after`` (None: from the first retained record), at most ``limit``
+    records and about ``max_bytes`` (at least one record), of which only the records
+    within ``piece_bytes`` of the first are read (``ds_records_read``); ``read_page``'s
+    cursor rules."""
+    rows = await pool.fetch(
+        QUERIES["ds_records_read"], stream_pk, after, limit, max_bytes, piece_bytes
+    )
     if not rows:
         raise NotFound("stream does not exist")
-    return page_of_rows(rows, int(rows[0]["after"]))
+    first = page_of_rows(rows, int(rows[0]["after"]))
+    return CatchUpPage(first, rows[0]["page_last"])
 
 
 async def create(

@@ -71,10 +71,14 @@ def check_cursor(cursor: int, earliest: int, latest: int) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PageText:
-    """A page whose records Postgres wrote as the API's JSON (``records_read_page_json``).
+    """A page whose records Postgres wrote as the API's JSON (``records_read_page_json``),
+    or its first piece.
 
     ``records_json`` is the records' JSON objects joined with commas (empty for none), as
-    ``http.codec.record_json`` encodes them without redaction."""
+    ``http.codec.record_json`` encodes them without redaction. ``count`` and
+    ``last_sequence`` are those of the records here; ``next_cursor`` is the whole page's
+    (its last sequence), past ``last_sequence`` when the rest of the page is still to be
+    read (``read_range_text``)."""
 
     records_json: str
     count: int
@@ -82,14 +86,33 @@ class PageText:
     earliest_sequence: int
     latest_sequence: int
     closed: bool
+    last_sequence: int
+
+    @property
+    def complete(self) -> bool:
+        """Whether the whole page is here."""
+        return self.last_sequence >= self.next_cursor
+
+
+# Payload bytes per piece when the caller gives no bound: the whole page in one piece.
+WHOLE_PAGE = 2**62
 
 
 async def read_page_text(
-    pool: asyncpg.Pool | asyncpg.Connection, stream_pk: int, cursor: int, limit: int
+    pool: asyncpg.Pool | asyncpg.Connection,
+    stream_pk: int,
+    cursor: int,
+    limit: int,
+    max_bytes: int = WHOLE_PAGE,
 ) -> PageText | None:
     """``read_page`` with the records as JSON text, for a reader without redaction; None
-    when a record of the page refers to an object (then ``read_page`` reads it)."""
-    row = await pool.fetchrow(QUERIES["records_read_page_json"], stream_pk, cursor, limit)
+    when a record of the page (of its first piece) refers to an object (then
+    ``read_page`` reads it). Only the records that start within ``max_bytes`` payload
+    bytes of the first (at least one) are read: the rest of the page, up to its
+    ``next_cursor``, is read a piece at a time with ``read_range_text``."""
+    row = await pool.fetchrow(
+        QUERIES["records_read_page_json"], stream_pk, cursor, limit, max_bytes
+    )
     if row is None:
         raise NotFound("stream does not exist")
     earliest, latest = row["earliest_sequence"], row["latest_sequence"]
@@ -100,8 +123,50 @@ async def read_page_text(
     return PageText(
         records_json=row["body"] or "",
         count=count,
-        next_cursor=row["last_sequence"] if count else cursor,
+        # Sequences are dense: the page is cursor+1 .. cursor+limit, up to the latest.
+        next_cursor=min(cursor + limit, latest) if count else cursor,
         earliest_sequence=earliest,
         latest_sequence=latest,
         closed=row["closed"],
+        last_sequence=row["last_sequence"] if count else cursor,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RangeText:
+    """Records of ``read_range_text`` as JSON text (``PageText.records_json``'s form)."""
+
+    records_json: str
+    count: int
+    last_sequence: int
+
+
+async def read_range_text(
+    pool: asyncpg.Pool | asyncpg.Connection, stream_pk: int, after: int, last: int, max_bytes: int
+) -> RangeText | None:
+    """The records after ``after`` up to ``last`` that start within ``max_bytes`` payload
+    bytes of the first (at least one, if any is left), as JSON text; None when one
+    refers to an object (then ``read_range`` reads them)."""
+    row = await pool.fetchrow(QUERIES["records_range_json"], stream_pk, after, last, max_bytes)
+    assert row is not None  # an aggregate: always one row
+    if row["has_objects"]:
+        return None
+    count = row["records"]
+    return RangeText(row["body"] or "", count, row["last_sequence"] if count else after)
+
+
+async def read_range(
+    pool: asyncpg.Pool | asyncpg.Connection, stream_pk: int, after: int, last: int, max_bytes: int
+) -> list[Record]:
+    """``read_range_text``'s records as ``Record`` values."""
+    rows = await pool.fetch(QUERIES["records_range"], stream_pk, after, last, max_bytes)
+    return [
+        Record(
+            sequence=r["sequence"],
+            payload=r["payload"],
+            size=r["size"],
+            appended_at=r["appended_at"],
+            object=json.loads(r["object"]) if r["object"] is not None else None,
+        )
+        for r in rows
+    ]

@@ -16,7 +16,7 @@ Every answer, errors too, carries ``X-Content-Type-Options: nosniff`` and
 from __future__ import annotations
 
 import re
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import parse_qsl
@@ -34,6 +34,7 @@ from ductor_streams.http.access import authenticate
 from ductor_streams.http.connection_guard import note_tenant
 from ductor_streams.http.live_reads import LiveRead, LiveReads
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
+from ductor_streams.http.write_budget import BudgetedBody, send_pieces
 from ductor_streams.names import API_MOUNT
 from ductor_streams.runtime import Runtime
 
@@ -54,11 +55,15 @@ SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
 
 @dataclass
 class Reply:
-    """A DS answer: status, headers (names as the protocol spells them) and body."""
+    """A DS answer: status, headers (names as the protocol spells them) and body; or, for
+    a catch-up page larger than a piece, its ``pieces`` (``body`` is then empty), sent
+    under the write budget (http/write_budget.py) with ``release`` run when done."""
 
     status: int
     headers: dict[str, str] = field(default_factory=dict)
     body: bytes = b""
+    pieces: AsyncIterator[bytes] | None = None
+    release: Callable[[], None] | None = None
 
 
 class Refusal(Exception):
@@ -169,6 +174,17 @@ async def answer_ds(
         return
     except Exception as exc:  # the one mapping for every error of this endpoint
         reply = problem_reply(exc, request.path)
+    if reply.pieces is not None:
+        body = BudgetedBody(
+            reply.pieces,
+            scope,
+            stall_seconds=runtime.settings.read_stall_seconds,
+            route="ds",
+            on_end=reply.release,
+        )
+        await send(response_start(reply.status, reply.headers, None))
+        await send_pieces(send, body)
+        return
     await respond(send, reply, head=method == "HEAD")
 
 

@@ -216,6 +216,26 @@ def body_of(mode: Mode, records: Sequence[Record], redaction: list[str]) -> byte
     return b"".join(chunks_of(mode, records))
 
 
+def body_start(mode: Mode, records: Sequence[Record], redaction: list[str]) -> bytes:
+    """The start of a DS response body sent in pieces (``body_of`` is ``body_start``,
+    then ``body_more`` of each later piece of records, then ``body_end``)."""
+    if mode == "json":
+        return b"[" + b",".join(json_texts(records, redaction))
+    return b"".join(chunks_of(mode, records))
+
+
+def body_more(mode: Mode, records: Sequence[Record], redaction: list[str]) -> bytes:
+    """A later piece of a DS response body (see ``body_start``)."""
+    if mode == "json":
+        return b"," + b",".join(json_texts(records, redaction))
+    return b"".join(chunks_of(mode, records))
+
+
+def body_end(mode: Mode) -> bytes:
+    """The end of a DS response body sent in pieces (see ``body_start``)."""
+    return b"]" if mode == "json" else b""
+
+
 def json_texts(records: Iterable[Record], redaction: list[str]) -> list[bytes]:
     if not redaction:
         return [r.payload.encode() for r in records]

@@ -11,7 +11,11 @@ depends on the token's redaction rights) and an ETag; HEAD and ``offset=now``
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Sequence
+from typing import TypeVar
+
+import asyncpg
 
 from ductor_streams import metrics
 from ductor_streams.auth import Principal
@@ -21,9 +25,12 @@ from ductor_streams.http.disconnect import until_disconnect
 from ductor_streams.http.ds import media
 from ductor_streams.http.ds.front import NO_STORE, Reply, Request
 from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, response_cursor
+from ductor_streams.http.record_pages import check_dense
+from ductor_streams.http.records_front import Receive
 from ductor_streams.live.events import End, Expired, Gone, Interrupted, LiveBatch
 from ductor_streams.store import StreamRef, ds
 from ductor_streams.store.models import Record
+from ductor_streams.store.read import read_range
 
 PAGE_RECORDS = 1000
 PAGE_BYTES = 8 * 1024 * 1024
@@ -56,7 +63,13 @@ async def head(request: Request) -> Reply:
 
 
 async def read(request: Request) -> Reply:
-    """GET without ``live=sse``: a catch-up page, or a long-poll."""
+    """GET without ``live=sse``: a catch-up page, or a long-poll.
+
+    A read from an offset takes one of its tenant's read slots (tenant_reads.py: 429
+    ``too_many_reads`` when none comes free in time), held until its body is written; a
+    long-poll gives it back before it waits at the tail. A page larger than
+    ``DUCTOR_STREAMS_READ_PIECE_BYTES`` is read and sent a piece at a time
+    (http/write_budget.py)."""
     live = request.param("live")
     if live not in (None, "long-poll"):
         raise InvalidInput("live is long-poll or sse")
@@ -77,12 +90,45 @@ async def read(request: Request) -> Reply:
             return _tail_reply(ref, tail.latest_sequence, tail.closed, live is not None)
         return await _long_poll(request, principal, ref, tail.latest_sequence, mode, redaction)
     assert not isinstance(offset, str)
-    page = await ds.read(pool, ref.stream_pk, offset, PAGE_RECORDS, PAGE_BYTES)
-    if live is not None and not page.records:
-        if page.closed:
-            return _tail_reply(ref, page.latest_sequence, True, True)
-        return await _long_poll(request, principal, ref, page.next_cursor, mode, redaction)
-    reply = _page_reply(ref, page.records, page.latest_sequence, page.closed, mode, redaction)
+    slot = await request.runtime.reads.admit(principal.tenant)
+    try:
+        page = await ds.read(
+            pool, ref.stream_pk, offset, PAGE_RECORDS, PAGE_BYTES, settings.read_piece_bytes
+        )
+        reply = None
+        if live is None or page.first.records:
+            reply = _catch_up_reply(request, ref, page, given, mode, redaction, live, cursor)
+    except BaseException:
+        slot.release()
+        raise
+    if reply is not None and reply.pieces is not None:
+        reply.release = slot.release  # held until the body is written
+        return reply
+    slot.release()
+    if reply is not None:
+        return reply
+    # A long-poll at the tail waits without a slot.
+    first = page.first
+    if first.closed:
+        return _tail_reply(ref, first.latest_sequence, True, True)
+    return await _long_poll(request, principal, ref, first.next_cursor, mode, redaction)
+
+
+def _catch_up_reply(
+    request: Request,
+    ref: StreamRef,
+    page: ds.CatchUpPage,
+    given: str | None,
+    mode: media.Mode,
+    redaction: list[str],
+    live: str | None,
+    cursor: str | None,
+) -> Reply:
+    """The reply of a page that holds records (or of an empty catch-up page)."""
+    first, page_last = page.first, page.page_last
+    reply = _page_reply(
+        ref, first.records, first.latest_sequence, first.closed, mode, redaction, page_last
+    )
     if live is not None:
         reply.headers["Stream-Cursor"] = response_cursor(cursor)
     etag = f'"{ref.stream_pk}:{given or "-1"}:{reply.headers["Stream-Next-Offset"]}'
@@ -90,7 +136,67 @@ async def read(request: Request) -> Reply:
     reply.headers["ETag"] = etag
     if request.header("if-none-match") == etag:
         return Reply(304, {"ETag": etag, "Cache-Control": CATCH_UP_CACHE, "Vary": "Authorization"})
+    if page_last is not None and first.next_cursor < page_last:
+        # Larger than a piece: the rest is read as it is sent.
+        reply.pieces = _pieces(
+            request.runtime.pool,
+            ref.stream_pk,
+            mode,
+            redaction,
+            reply.body,
+            len(first.records),
+            first.next_cursor,
+            page_last,
+            request.runtime.settings.read_piece_bytes,
+        )
+        reply.body = b""
     return reply
+
+
+async def _pieces(
+    pool: asyncpg.Pool,
+    stream_pk: int,
+    mode: media.Mode,
+    redaction: list[str],
+    start: bytes,
+    span: int,
+    last: int,
+    page_last: int,
+    piece_bytes: int,
+) -> AsyncIterator[bytes]:
+    """``start`` (the body's start and first piece of ``span`` records, up to ``last``),
+    each later piece up to ``page_last``, the body's end (http/record_pages.py reads a
+    native page alike: no piece stays referenced here once yielded)."""
+    state = [last, span]
+    first = [start]
+    del start
+    yield first.pop()
+    while state[0] < page_last:
+        yield await _piece(pool, stream_pk, mode, redaction, state, page_last, piece_bytes)
+    end_bytes = media.body_end(mode)
+    if end_bytes:
+        yield end_bytes
+
+
+async def _piece(
+    pool: asyncpg.Pool,
+    stream_pk: int,
+    mode: media.Mode,
+    redaction: list[str],
+    state: list[int],
+    page_last: int,
+    piece_bytes: int,
+) -> bytes:
+    """The records after ``state[0]`` within ``piece_bytes``, encoded (``body_more``);
+    ``state`` (the last sequence sent, the last piece's records) moves on past them."""
+    after, span = state
+    # The query's range ends two pieces' worth of records on (at the last piece's rate):
+    # its scan stops there, and its byte budget ends the piece.
+    end = min(page_last, after + 2 * span)
+    records = await read_range(pool, stream_pk, after, end, piece_bytes)
+    check_dense(after, len(records), records[-1].sequence if records else after)
+    state[:] = [records[-1].sequence, len(records)]
+    return media.body_more(mode, records, redaction)
 
 
 def _tail_reply(ref: StreamRef, latest: int, closed: bool, live: bool) -> Reply:
@@ -116,8 +222,15 @@ def _page_reply(
     closed: bool,
     mode: media.Mode,
     redaction: list[str],
+    page_last: int | None = None,
 ) -> Reply:
-    next_cursor = records[-1].sequence if records else None
+    """The reply of a page of ``records``, or of its first piece when the page goes on
+    to ``page_last`` (the reply's body is then the start of the page's, http/ds/media.py
+    ``body_start``)."""
+    if page_last is None:
+        next_cursor = records[-1].sequence if records else None
+    else:
+        next_cursor = page_last
     at_tail = next_cursor is None or next_cursor >= latest
     headers = {
         "Content-Type": ref.definition.media_type,
@@ -130,6 +243,8 @@ def _page_reply(
         headers["Stream-Up-To-Date"] = "true"
         if closed:
             headers["Stream-Closed"] = "true"
+    if page_last is not None and records and records[-1].sequence < page_last:
+        return Reply(200, headers, media.body_start(mode, records, redaction))
     return Reply(200, headers, media.body_of(mode, records, redaction))
 
 

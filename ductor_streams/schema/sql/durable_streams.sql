@@ -18,20 +18,36 @@ SELECT latest_sequence, earliest_sequence, closed_at IS NOT NULL AS closed
  WHERE stream_pk = $1;
 
 -- name: ds_records_read
--- records_read_bytes (streams.sql) where a NULL cursor ($2) is the DS offset -1: from the
--- first retained record. `after` is the cursor the page was read after.
+-- A DS catch-up page after `after` (a NULL cursor, $2, is the DS offset -1: from the
+-- first retained record): at most $3 records and about $4 payload bytes (records that
+-- start within $4 bytes of the first, at least one), with the page's last sequence
+-- (page_last) and only its first piece of records: those that start within $5 bytes of
+-- the first. The caller reads the rest a piece at a time (records_range), so a response
+-- never holds more than a piece in memory. read_page's cursor rules; `after` is the
+-- cursor the page was read after. Sequences are dense and cumulative_bytes is the
+-- stream's running sum of sizes, so the page's bounds need no payload.
 SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
-       c.after, r.sequence, r.payload, r.size, r.appended_at, r.object::text AS object
+       c.after, e.page_last, r.sequence, r.payload, r.size, r.appended_at,
+       r.object::text AS object
   FROM workflow_streams.streams s
  CROSS JOIN LATERAL (SELECT coalesce($2::bigint, s.earliest_sequence - 1) AS after) c
+ CROSS JOIN LATERAL (
+        -- least(): an offset past the tail finds nothing (CursorInFuture), not an overflow
+        SELECT min(f.cumulative_bytes - f.size) AS start
+          FROM workflow_streams.records f
+         WHERE f.stream_pk = s.stream_pk
+           AND f.sequence = least(c.after, s.latest_sequence) + 1) b
+ CROSS JOIN LATERAL (
+        SELECT max(y.sequence) AS page_last
+          FROM workflow_streams.records y
+         WHERE y.stream_pk = s.stream_pk AND y.sequence > c.after
+           AND y.sequence <= least(c.after, s.latest_sequence) + $3
+           AND y.cumulative_bytes - y.size < b.start + $4) e
   LEFT JOIN LATERAL (
-        SELECT w.sequence, w.payload, w.size, w.appended_at, w.object
-          FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object,
-                       sum(rr.size) OVER (ORDER BY rr.sequence) AS running
-                  FROM workflow_streams.records rr
-                 WHERE rr.stream_pk = s.stream_pk AND rr.sequence > c.after
-                 ORDER BY rr.sequence
-                 LIMIT $3) w
-         WHERE w.running - w.size < $4) r ON true
+        SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object
+          FROM workflow_streams.records rr
+         WHERE rr.stream_pk = s.stream_pk AND rr.sequence > c.after
+           AND rr.sequence <= e.page_last
+           AND rr.cumulative_bytes - rr.size < b.start + $5) r ON true
  WHERE s.stream_pk = $1
  ORDER BY r.sequence;

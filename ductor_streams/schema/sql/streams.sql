@@ -59,7 +59,11 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
 -- payload is stored as compact JSON text and spliced in as is; appended_at is written as
 -- Python's datetime.isoformat() writes a UTC time (no fraction when it is zero). A page
 -- holding a record with an object reference says so (has_objects) and carries no body:
--- its caller reads it with records_read instead (jsonb's text form is not compact).
+-- its caller reads it with records_range instead (jsonb's text form is not compact).
+-- Only the page's first piece is read: the records that start within $4 payload bytes of
+-- its first one (at least that one). Sequences are dense, so the page is $2+1 .. $2+$3
+-- (up to the latest); the caller reads the rest a piece at a time (records_range_json),
+-- and a response never holds more than a piece in memory (http/write_budget.py).
 SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
        p.records, p.last_sequence, p.has_objects,
        CASE WHEN NOT p.has_objects THEN p.body END AS body
@@ -77,9 +81,50 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
           FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object
                   FROM workflow_streams.records rr
                  WHERE rr.stream_pk = s.stream_pk AND rr.sequence > $2
+                   AND rr.sequence <= $2 + $3
+                   AND rr.cumulative_bytes - rr.size
+                       < $4 + (SELECT f.cumulative_bytes - f.size
+                                 FROM workflow_streams.records f
+                                WHERE f.stream_pk = $1 AND f.sequence = $2 + 1)
                  ORDER BY rr.sequence
                  LIMIT $3) r) p
  WHERE s.stream_pk = $1;
+
+-- name: records_range_json
+-- One later piece of a page (records_read_page_json): the records after $2 up to $3
+-- that start within $4 payload bytes of the first of them (at least that one), as
+-- records_read_page_json writes them; no body when one refers to an object. The range
+-- ends at most a few pieces further ($3, from the caller), so that the scan stops
+-- there rather than at the page's end.
+SELECT count(*) AS records, max(r.sequence) AS last_sequence,
+       coalesce(bool_or(r.object IS NOT NULL), false) AS has_objects,
+       string_agg('{"sequence":' || r.sequence || ',"payload":' || r.payload
+                  || ',"size":' || r.size || ',"appended_at":"'
+                  || to_char(r.appended_at AT TIME ZONE 'UTC',
+                             CASE WHEN date_trunc('second', r.appended_at) = r.appended_at
+                                  THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'
+                                  ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END)
+                  || '","object":null}', ',' ORDER BY r.sequence)
+         FILTER (WHERE r.object IS NULL) AS body
+  FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object
+          FROM workflow_streams.records rr
+         WHERE rr.stream_pk = $1 AND rr.sequence > $2 AND rr.sequence <= $3
+           AND rr.cumulative_bytes - rr.size
+               < $4 + (SELECT f.cumulative_bytes - f.size
+                         FROM workflow_streams.records f
+                        WHERE f.stream_pk = $1 AND f.sequence = $2 + 1)) r;
+
+-- name: records_range
+-- records_range_json's records as rows (for a reader with redaction, a piece with an
+-- object reference, and DS pages).
+SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object::text AS object
+  FROM workflow_streams.records rr
+ WHERE rr.stream_pk = $1 AND rr.sequence > $2 AND rr.sequence <= $3
+   AND rr.cumulative_bytes - rr.size
+       < $4 + (SELECT f.cumulative_bytes - f.size
+                 FROM workflow_streams.records f
+                WHERE f.stream_pk = $1 AND f.sequence = $2 + 1)
+ ORDER BY rr.sequence;
 
 -- name: records_read_bytes
 -- records_read with a byte budget as well ($4, the sum of the records' sizes): the page
