@@ -1,6 +1,7 @@
 """The benchmark suite: ``python -m bench`` (or ``make bench``) runs every part in one go.
 
-    python -m bench [--only append,sse,temporal,objects,tracing,ds,reads] [--runs 3] [--seconds 5]
+    python -m bench [--only append,sse,temporal,objects,tracing,ds,reads,fairness] [--runs 3]
+                    [--seconds 5]
 
 Parts (each a module with ``main(argv) -> int``, run in its own process so that one
 part's event loop, threads or crash cannot disturb the next):
@@ -17,6 +18,8 @@ part's event loop, threads or crash cannot disturb the next):
   clients, records/s reading 100,000 records (bench/ds.py)
 - ``reads``: catch-up of 100,000 records from cursor 0, paged (``GET records?limit=1000``)
   and as the SSE backfill, beside raw asyncpg pages of 1,000 (bench/reads.py)
+- ``fairness``: one tenant's one-record append p50/p99 while another tenant runs 120
+  concurrent 8 MB catch-up loops, beside a quiet run in the same window (bench/fairness.py)
 
 A part whose module is absent is reported and skipped. Every part gets the same
 Postgres server ($DUCTOR_STREAMS_BENCH_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL,
@@ -42,6 +45,7 @@ PARTS = {
     "tracing": "bench.tracing",
     "ds": "bench.ds",
     "reads": "bench.reads",
+    "fairness": "bench.fairness",
 }
 
 
