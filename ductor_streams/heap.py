@@ -1,15 +1,17 @@
-"""Giving a dropped large batch's memory back to the system.
+"""Giving freed memory of large requests back to the system.
 
-A large append's payloads are Python strings of up to 64 KiB each, which CPython takes
-from glibc's ``malloc`` heap. When the request ends, they are freed, but glibc keeps
-the free pages for later allocations: 15 abandoned 60 MB appends left the server at
-~600-770 MB RSS instead of the ~75 MB it started with (measured: no object survived;
-``malloc_trim(0)`` brought it back to 72 MB). After a request that held a large batch
-ends without it being appended (its caller went away, store/credit_wait.py), nobody
-is about to reuse that memory, so ``trim_soon`` asks glibc to return its free pages:
-once, shortly after the last such request of a burst, on a thread (a trim of ~500 MB of
-free pages takes ~20 ms; ctypes releases the GIL meanwhile, and Python's small objects
-do not use glibc's heap). Without glibc (no ``malloc_trim``) it does nothing.
+Large payloads (an append's 64 KiB strings, the pieces of a catch-up body) come from
+glibc's ``malloc`` heap. When the request ends they are freed, but glibc keeps the free
+pages for later allocations: 15 abandoned 60 MB appends left the server at ~600-770 MB
+RSS instead of the ~75 MB it started with (no object survived; ``malloc_trim(0)`` brought
+it back to 72 MB), and a hundred cut catch-up readers left it ~30 MB above its start.
+After such requests end without their data being used (the caller went away,
+store/credit_wait.py; a stalled reader was cut, http/write_budget.py), nobody is about
+to reuse that memory, so ``trim_soon`` asks glibc to return its free pages: once per
+burst, ``TRIM_DELAY_SECONDS`` after its first call (the frames that held the data have
+unwound by then), on a thread (a trim of ~500 MB of free pages takes ~20 ms; ctypes
+releases the GIL meanwhile, and Python's small objects do not use glibc's heap).
+Without glibc (no ``malloc_trim``) it does nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ from collections.abc import Callable
 
 log = logging.getLogger(__name__)
 
-# A burst of abandoned requests (clients of one outage going at once) is trimmed once,
-# this long after the last of them.
+# Abandoned requests come in bursts (the clients of one outage, readers that stalled
+# together): one trim this long after the first of a burst covers all of it.
 TRIM_DELAY_SECONDS = 0.5
 
 
@@ -39,28 +41,31 @@ def _find_trim() -> Callable[[int], int] | None:
 
 
 _malloc_trim = _find_trim()
-_pending: dict[asyncio.AbstractEventLoop, asyncio.TimerHandle] = {}
+# Per event loop: the trim that is due (scheduled or running), so a burst makes one.
+_due: dict[asyncio.AbstractEventLoop, asyncio.TimerHandle | asyncio.Future[int]] = {}
 
 
 def trim_soon() -> None:
-    """Return the heap's free pages to the system, TRIM_DELAY_SECONDS after the last
-    call of a burst (the frames that held the batch have unwound by then)."""
+    """Return the heap's free pages to the system ``TRIM_DELAY_SECONDS`` from now,
+    unless a trim is already due."""
     if _malloc_trim is None:
         return
     loop = asyncio.get_running_loop()
-    timer = _pending.pop(loop, None)
-    if timer is not None:
-        timer.cancel()
-    _pending[loop] = loop.call_later(TRIM_DELAY_SECONDS, _start_trim, loop)
+    if loop in _due:
+        return
+    _due[loop] = loop.call_later(TRIM_DELAY_SECONDS, _start_trim, loop)
 
 
 def _start_trim(loop: asyncio.AbstractEventLoop) -> None:
-    _pending.pop(loop, None)
-    if _malloc_trim is not None and not loop.is_closed():
-        future = loop.run_in_executor(None, _malloc_trim, 0)
-        future.add_done_callback(_report)
+    if _malloc_trim is None or loop.is_closed():
+        _due.pop(loop, None)
+        return
+    future = loop.run_in_executor(None, _malloc_trim, 0)
+    _due[loop] = future
+    future.add_done_callback(lambda done: _report(loop, done))
 
 
-def _report(future: asyncio.Future[int]) -> None:
+def _report(loop: asyncio.AbstractEventLoop, future: asyncio.Future[int]) -> None:
+    _due.pop(loop, None)
     if not future.cancelled() and future.exception() is not None:
         log.warning("malloc_trim failed", exc_info=future.exception())

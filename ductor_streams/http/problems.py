@@ -48,9 +48,7 @@ def problem_parts(
         # The same ID as the response's X-Request-ID header and the request's log lines.
         body["request_id"] = request_id
     headers = {}
-    if isinstance(
-        error, CreditExhausted | DatabaseUnavailable | TooManyLiveReads | TooManyReads
-    ):
+    if isinstance(error, CreditExhausted | DatabaseUnavailable | TooManyLiveReads | TooManyReads):
         headers["Retry-After"] = str(error.retry_after)
     elif isinstance(error, MethodNotAllowed) and error.allow:
         headers["Allow"] = error.allow

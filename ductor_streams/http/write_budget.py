@@ -30,8 +30,7 @@ import logging
 from collections.abc import AsyncIterator, Callable, MutableMapping
 from typing import Any
 
-from ductor_streams import metrics
-from ductor_streams.http import heap_trim
+from ductor_streams import heap, metrics
 from ductor_streams.http.connection_guard import CONNECTION_EXTENSION
 
 log = logging.getLogger(__name__)
@@ -159,7 +158,7 @@ class BudgetedBody:
             extra={"route": self._route, "stall_seconds": self._stall_seconds},
         )
         self._abort()
-        heap_trim.trim_soon()
+        heap.trim_soon()
 
 
 async def send_pieces(send: Send, body: BudgetedBody) -> None:

@@ -11,9 +11,7 @@ depends on the token's redaction rights) and an ETag; HEAD and ``offset=now``
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator, Awaitable, Sequence
-from typing import TypeVar
+from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
 
@@ -26,7 +24,6 @@ from ductor_streams.http.ds import media
 from ductor_streams.http.ds.front import NO_STORE, Reply, Request
 from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, response_cursor
 from ductor_streams.http.record_pages import check_dense
-from ductor_streams.http.records_front import Receive
 from ductor_streams.live.events import End, Expired, Gone, Interrupted, LiveBatch
 from ductor_streams.store import StreamRef, ds
 from ductor_streams.store.models import Record
