@@ -70,6 +70,14 @@ def _env(field: str) -> str:
     return _ENV_NAMES.get(field) or ENV_PREFIX + field.upper()
 
 
+# DUCTOR_STREAMS_PUBLIC_URL: http(s)://host[:port], then an optional path prefix without a
+# trailing slash (nothing a URL would need escaping).
+_PUBLIC_URL = (
+    r"^https?://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9_~.-]+)(:[0-9]{1,5})?"
+    r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]+)*$"
+)
+
+
 class Settings(BaseModel):
     """Everything a process of ductor-streams needs to know about its deployment.
 
@@ -115,6 +123,16 @@ class Settings(BaseModel):
     # uvicorn's access log (one JSON line per request); off by default: docs/operators.md
     # gives its cost on the append path.
     access_log: bool = False
+    # Where clients reach this deployment (scheme://host[:port][/prefix]): absolute URLs
+    # the server hands out (a Durable Streams PUT's Location) start with it. Unset: the
+    # request's own scheme and (checked) Host.
+    public_url: str | None = Field(default=None, pattern=_PUBLIC_URL, max_length=2048)
+
+    # tenant isolation (docs/security.md, "Tenant isolation")
+    tenant_max_streams: int = Field(default=100_000, ge=1, le=1_000_000_000)
+    # An append receipt (the answer an Idempotency-Key replays) is kept while its
+    # records are retained, and at least this long after the append.
+    idempotency_window_seconds: float = Field(default=86_400.0, ge=0, le=365 * 86_400)
 
     # live delivery (LiveSettings)
     sse_keepalive_seconds: float = Field(default=10.0, ge=0.05, le=15)
@@ -340,6 +358,7 @@ class Settings(BaseModel):
             interval_seconds=self.maintenance_interval,
             orphan_interval_seconds=self.orphan_sweep_interval,
             orphan_grace_seconds=self.orphan_grace,
+            idempotency_window_seconds=self.idempotency_window_seconds,
         )
 
     def dispatcher_overrides(self) -> dict[str, Any]:

@@ -14,7 +14,16 @@ from __future__ import annotations
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    ValidationError,
+    ValidationInfo,
+)
+from pydantic_core import PydanticCustomError
 
 from ductor_streams.errors import ContentClassForbidden, InvalidDefinition, PlacementMismatch
 
@@ -55,6 +64,41 @@ MAX_BLOCK_TIMEOUT_MS = 300_000  # 5 minutes: an append request waits no longer
 
 Ceiling = Annotated[int, Field(ge=0, le=MAX_COUNT)]
 
+# Upper bounds of the lists of a definition (docs/decisions.md, "Definitions"): a stored
+# definition is read on every request that looks its stream up, so none may be large.
+MAX_CONSUMERS = 64
+MAX_REDACTION_POINTERS = 100
+MAX_REGIONS = 64  # each list of placement
+MAX_PRINCIPALS = 1_000  # readers, writers
+# The context ``definition_from_json`` validates a stored definition in.
+_STORED = "stored"
+
+
+def _at_most(bound: int) -> Any:
+    """A list of at most ``bound`` items in a new definition (422 past it, as
+    ``max_length`` answers). A stored definition is read whatever its length: one made
+    before the bound keeps working."""
+
+    def check(value: list[Any], info: ValidationInfo) -> list[Any]:
+        if len(value) > bound and not (info.context or {}).get(_STORED):
+            raise PydanticCustomError(
+                "too_long",
+                "List should have at most {max_length} items, not {actual_length}",
+                {"max_length": bound, "actual_length": len(value)},
+            )
+        return value
+
+    return AfterValidator(check)
+
+
+def _items(bound: int) -> Any:
+    """The bound as the OpenAPI document shows it."""
+    return Field(json_schema_extra={"maxItems": bound})
+
+
+Regions = Annotated[list[Region], _at_most(MAX_REGIONS), _items(MAX_REGIONS)]
+Principals = Annotated[list[Principal], _at_most(MAX_PRINCIPALS), _items(MAX_PRINCIPALS)]
+
 
 class _Pins(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
@@ -75,20 +119,22 @@ class Retention(_Pins):
 
 
 class Redaction(_Pins):
-    json_pointers: list[JsonPointer] = Field(default_factory=list, max_length=100)
+    json_pointers: list[JsonPointer] = Field(
+        default_factory=list, max_length=MAX_REDACTION_POINTERS
+    )
 
 
 class Placement(_Pins):
     metadata_home: Region | None = None
-    metadata_replicas: list[Region] = Field(default_factory=list)
-    object_regions: list[Region] | None = None
-    client_egress_regions: list[Region] | None = None
+    metadata_replicas: Regions = Field(default_factory=list)
+    object_regions: Regions | None = None
+    client_egress_regions: Regions | None = None
     log_region: Region | None = None
 
 
 class Authorization(_Pins):
-    readers: list[Principal] = Field(default_factory=lambda: ["*"])
-    writers: list[Principal] = Field(default_factory=lambda: ["*"])
+    readers: Principals = Field(default_factory=lambda: ["*"])
+    writers: Principals = Field(default_factory=lambda: ["*"])
 
 
 class StreamDefinition(_Pins):
@@ -103,7 +149,7 @@ class StreamDefinition(_Pins):
     schema_: Annotated[str, StringConstraints(max_length=255)] | None = Field(
         default=None, alias="schema"
     )
-    consumers: list[ConsumerId] = Field(default_factory=list, max_length=64)
+    consumers: list[ConsumerId] = Field(default_factory=list, max_length=MAX_CONSUMERS)
     credit: Credit = Field(default_factory=Credit)
     retention: Retention = Field(default_factory=Retention)
     redaction: Redaction = Field(default_factory=Redaction)
@@ -243,8 +289,9 @@ def definition_from_json(data: dict[str, Any]) -> StreamDefinition:
 
     A stream created before the bounds existed may hold a larger number: it is read as
     the bound, as the SQL that enforces it reads it, rather than failing every request
-    that looks the stream up."""
-    return StreamDefinition.model_validate(_clamped(data), strict=False)
+    that looks the stream up. A list longer than its bound (``MAX_PRINCIPALS`` and the
+    others made after it) is read as it is, for the same reason."""
+    return StreamDefinition.model_validate(_clamped(data), strict=False, context={_STORED: True})
 
 
 def _clamped(data: dict[str, Any]) -> dict[str, Any]:

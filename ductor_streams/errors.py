@@ -175,6 +175,13 @@ class QuotaExhausted(StreamsError):
     status = 409
 
 
+class TenantQuotaExhausted(StreamsError):
+    """The tenant has as many streams as it may; no stream is created."""
+
+    code = "tenant_quota_exhausted"
+    status = 409
+
+
 class CreditExhausted(StreamsError):
     """The stream's unread ceiling would be passed; retry after consumers acknowledge."""
 
@@ -231,6 +238,13 @@ class DatabaseUnavailable(StreamsError):
     ) -> None:
         super().__init__(detail)
         self.retry_after = max(1, int(retry_after))
+
+
+class InvalidHost(StreamsError):
+    """The Host header is malformed or given more than once."""
+
+    code = "invalid_host"
+    status = 400
 
 
 class InvalidCursor(StreamsError):

@@ -66,7 +66,7 @@ async def open_runtime(
     followers: Followers | None = None
     try:
         await hub.start()
-        store = Store(pool, hub=hub)
+        store = Store(pool, hub=hub, tenant_max_streams=settings.tenant_max_streams)
         followers = Followers(pool, hub, settings.live)
         # Appends of this process reach its subscribers without a read (store/append.py).
         store.appender.feed = followers

@@ -23,6 +23,7 @@ _TYPES: dict[type[errors.StreamsError], str] = {
     errors.DefinitionConflict: error_types.DEFINITION_CONFLICT,
     errors.StreamClosed: error_types.STREAM_CLOSED,
     errors.QuotaExhausted: error_types.QUOTA_EXHAUSTED,
+    errors.TenantQuotaExhausted: error_types.TENANT_QUOTA_EXHAUSTED,
     errors.CreditExhausted: error_types.CREDIT_EXHAUSTED,
     errors.IdempotencyKeyReused: error_types.IDEMPOTENCY_KEY_REUSED,
     errors.CursorExpired: error_types.CURSOR_EXPIRED,

@@ -72,6 +72,9 @@ _EVERY_API_OPERATION = {
     "431": ["request_header_too_large"],
     "503": ["database_unavailable", "too_many_connections"],
 }
+# What every request can answer before routing, health included: a malformed or
+# repeated Host header (http/host.py).
+_EVERY_REQUEST = {"400": ["invalid_host"]}
 _IN_RUN = {"404": ["not_found"], "400": ["invalid_request"]}
 _BODY = {"400": ["invalid_body"], "413": ["request_too_large"]}
 _READ = {"403": ["forbidden", "egress_denied"]}
@@ -271,7 +274,7 @@ def _ref(name: str) -> dict[str, Any]:
 def _errors(*parts: dict[str, list[str]]) -> dict[str, list[str]]:
     """Merge status -> codes maps (codes of one status in order, once each)."""
     merged: dict[str, list[str]] = {}
-    for part in (_EVERY_API_OPERATION, *parts):
+    for part in (_EVERY_API_OPERATION, *parts, _EVERY_REQUEST):
         for status, codes in part.items():
             merged.setdefault(status, [])
             merged[status] += [c for c in codes if c not in merged[status]]
@@ -378,7 +381,7 @@ OPERATIONS: dict[tuple[str, str], OperationDoc] = {
         errors=_errors(
             _IN_RUN,
             _BODY,
-            {"409": ["definition_conflict"]},
+            {"409": ["definition_conflict", "tenant_quota_exhausted"]},
             {"422": ["invalid_definition", "content_class_forbidden", "placement_mismatch"]},
         ),
         links=_STREAM_LINKS,
@@ -736,6 +739,7 @@ def _complete_health_operation(path: str, operation: dict[str, Any]) -> None:
         },
         **_problem_answers(
             {
+                **_EVERY_REQUEST,
                 "431": ["request_header_too_large"],
                 "503": ["too_many_connections", *errors.get("503", [])],
             }

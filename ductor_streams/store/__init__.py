@@ -58,15 +58,21 @@ class Store:
     """One process's access to the stream store over a pool.
 
     ``hub`` (optional) wakes producers blocked on credit when an ack commits; without
-    it they re-check every ``poll_interval`` seconds.
+    it they re-check every ``poll_interval`` seconds. ``tenant_max_streams``: the
+    streams a tenant may create (``DUCTOR_STREAMS_TENANT_MAX_STREAMS``).
     """
 
     def __init__(
-        self, pool: asyncpg.Pool, *, hub: NotificationHub | None = None, poll_interval: float = 0.05
+        self,
+        pool: asyncpg.Pool,
+        *,
+        hub: NotificationHub | None = None,
+        poll_interval: float = 0.05,
+        tenant_max_streams: int = streams.DEFAULT_TENANT_MAX_STREAMS,
     ) -> None:
         self.pool = pool
         self.hub = hub
-        self.directory = streams.StreamDirectory(pool)
+        self.directory = streams.StreamDirectory(pool, tenant_max_streams=tenant_max_streams)
         self.wakes = WakeSender(pool)
         self.appender = Appender(pool, self.wakes)
         self._poll_interval = poll_interval

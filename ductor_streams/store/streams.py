@@ -7,19 +7,33 @@ import json
 import asyncpg
 
 from ductor_streams.definitions import StreamDefinition, definition_from_json
-from ductor_streams.errors import DefinitionConflict, NotFound
+from ductor_streams.errors import DefinitionConflict, NotFound, TenantQuotaExhausted
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.models import ConsumerState, StreamKey, StreamRef, StreamState
+
+# Streams a tenant may have unless the deployment says otherwise
+# (DUCTOR_STREAMS_TENANT_MAX_STREAMS; docs/security.md, "Tenant isolation").
+DEFAULT_TENANT_MAX_STREAMS = 100_000
 
 
 class StreamDirectory:
     """Finds streams by key. Definitions never change, so a found stream is cached for
-    the life of the process; a miss is never cached (the stream may be created later)."""
+    the life of the process; a miss is never cached (the stream may be created later).
 
-    def __init__(self, pool: asyncpg.Pool, *, max_entries: int = 100_000) -> None:
+    Creates stay within ``tenant_max_streams`` streams per tenant, decided in Postgres
+    under the tenant's row lock (``create_stream``, migration 0040)."""
+
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        max_entries: int = 100_000,
+        tenant_max_streams: int = DEFAULT_TENANT_MAX_STREAMS,
+    ) -> None:
         self._pool = pool
         self._cache: dict[StreamKey, StreamRef] = {}
         self._max_entries = max_entries
+        self.tenant_max_streams = tenant_max_streams
 
     def remember(self, ref: StreamRef) -> StreamRef:
         """Cache a stream known to exist (created in a transaction that has committed)."""
@@ -61,8 +75,10 @@ class StreamDirectory:
 
         Returns ``(ref, created)``; a different stored definition is a DefinitionConflict
         (``exact=False``: the existing stream is returned whatever its definition, for the
-        caller to compare). On ``connection`` (a transaction of the caller's) a created
-        stream is not cached: the caller ``remember``s it once the transaction commits.
+        caller to compare). A new stream past the tenant's quota is TenantQuotaExhausted
+        (an existing one is answered as ever). On ``connection`` (a transaction of the
+        caller's) a created stream is not cached: the caller ``remember``s it once the
+        transaction commits; the tenant's row stays locked until then.
         """
         body = json.dumps(definition.to_json_dict(), separators=(",", ":"))
         row = await (connection or self._pool).fetchrow(
@@ -73,10 +89,17 @@ class StreamDirectory:
             definition.direction,
             body,
             list(definition.consumers),
+            self.tenant_max_streams,
         )
-        if row is not None:
+        assert row is not None
+        if row["outcome"] == "created":
             ref = StreamRef(key, row["stream_pk"], definition)
             return (ref if connection is not None else self._remember(ref)), True
+        if row["outcome"] == "tenant_quota":
+            raise TenantQuotaExhausted(
+                f"the tenant has {self.tenant_max_streams:,} streams, as many as it may; "
+                "no stream was created"
+            )
         existing = await self.get(key)
         if exact and existing.definition.to_json_dict() != definition.to_json_dict():
             raise DefinitionConflict(

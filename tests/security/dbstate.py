@@ -1,6 +1,7 @@
 """A fingerprint of the data of some tenants, to prove that a refused request changed
-nothing. Only those tenants' rows are compared (every data table has a ``stream_pk``):
-other tests' background workers may be at work on their own tenants meanwhile.
+nothing. Only those tenants' rows are compared (every data table has a ``stream_pk``,
+or, for a tenant's own counts, a ``tenant``): other tests' background workers may be at
+work on their own tenants meanwhile.
 
 One column is left out: ``streams.watched_until``, the lease by which a live follower
 asks appends to notify (migration 0011). Any subscribe that starts following sets it,
@@ -14,7 +15,10 @@ _TABLES = """
 SELECT c.relname,
        EXISTS (SELECT 1 FROM pg_attribute a
                 WHERE a.attrelid = c.oid AND a.attname = 'stream_pk' AND NOT a.attisdropped)
-         AS has_stream
+         AS has_stream,
+       EXISTS (SELECT 1 FROM pg_attribute a
+                WHERE a.attrelid = c.oid AND a.attname = 'tenant' AND NOT a.attisdropped)
+         AS has_tenant
   FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
  WHERE n.nspname = 'workflow_streams' AND c.relkind = 'r' ORDER BY c.relname
 """
@@ -31,7 +35,7 @@ async def fingerprint(pool: asyncpg.Pool, *tenants: str) -> dict[str, tuple[int,
         result: dict[str, tuple[int, str]] = {}
         for table in await conn.fetch(_TABLES):
             name = table["relname"]
-            if name == "streams":
+            if name == "streams" or table["has_tenant"]:
                 where, args = " WHERE t.tenant = ANY($1::text[])", [list(tenants)]
             elif table["has_stream"]:
                 where = (

@@ -16,7 +16,11 @@ from litestar.testing import AsyncTestClient
 from ductor_streams.definitions import (
     MAX_AGE_SECONDS,
     MAX_BLOCK_TIMEOUT_MS,
+    MAX_CONSUMERS,
     MAX_COUNT,
+    MAX_PRINCIPALS,
+    MAX_REDACTION_POINTERS,
+    MAX_REGIONS,
     parse_definition,
 )
 from ductor_streams.maintenance.retention import prune_stream
@@ -202,3 +206,108 @@ def test_stored_numbers_are_read_within_the_bounds_without_failing() -> None:
         ).credit.max_unread_items
         == 1000
     )
+
+
+# Every list of a definition: (section or None, field, its bound, an item of it). A
+# stored definition is read on every request that looks its stream up: a list of
+# 300,001 readers (3.2 MB) made each of those parse megabytes.
+LISTS = [
+    (None, "consumers", MAX_CONSUMERS, None),
+    ("redaction", "json_pointers", MAX_REDACTION_POINTERS, None),
+    ("placement", "metadata_replicas", MAX_REGIONS, "local"),
+    ("placement", "object_regions", MAX_REGIONS, "local"),
+    ("placement", "client_egress_regions", MAX_REGIONS, "local"),
+    ("authorization", "readers", MAX_PRINCIPALS, None),
+    ("authorization", "writers", MAX_PRINCIPALS, None),
+]
+LIST_IDS = [f"{section}.{name}" if section else name for section, name, _, _ in LISTS]
+
+
+def test_the_documented_list_bounds() -> None:
+    assert (MAX_CONSUMERS, MAX_REDACTION_POINTERS, MAX_REGIONS, MAX_PRINCIPALS) == (
+        64,
+        100,
+        64,
+        1000,
+    )
+
+
+def _list_body(stream_id: str, section: str | None, name: str, items: list[str]) -> Any:
+    body: dict[str, Any] = {"stream_id": stream_id, "direction": "output"}
+    if section is None:
+        body[name] = items
+    else:
+        body[section] = {name: items}
+    return body
+
+
+def _items(name: str, n: int, item: str | None) -> list[str]:
+    if item is not None:
+        return [item] * n
+    if name == "json_pointers":
+        return [f"/p{i}" for i in range(n)]
+    return [f"c{i}" for i in range(n)]
+
+
+@pytest.mark.parametrize(("section", "name", "bound", "item"), LISTS, ids=LIST_IDS)
+async def test_lists_past_their_bound_are_refused_and_create_nothing(
+    client: AsyncTestClient[Any],
+    auth: TokenFactory,
+    pool: asyncpg.Pool,
+    tenant: str,
+    run_id: str,
+    section: str | None,
+    name: str,
+    bound: int,
+    item: str | None,
+) -> None:
+    for n in (bound + 1, 300_001 if name == "readers" else bound * 10):
+        response = await client.post(
+            f"{API}/runs/{run_id}/streams",
+            json=_list_body("listed", section, name, _items(name, n, item)),
+            headers=auth(),
+        )
+        assert response.status_code == 422, (n, response.text[:300])
+        assert response.headers["content-type"] == "application/problem+json"
+        problem = response.json()
+        assert problem["code"] == "invalid_definition", problem
+        where = f"{section}/{name}" if section else name
+        assert problem["detail"].startswith(f"{where}: List should have at most {bound} items")
+    assert await _streams_of(pool, tenant, run_id) == 0
+    # At the bound, the definition is taken and stored whole.
+    response = await client.post(
+        f"{API}/runs/{run_id}/streams",
+        json=_list_body("listed", section, name, _items(name, bound, item)),
+        headers=auth(),
+    )
+    assert response.status_code == 201, response.text[:300]
+    stored = response.json()["definition"]
+    assert len(stored[section][name] if section else stored[name]) == bound
+
+
+async def test_a_stored_definition_with_a_longer_list_still_reads(
+    client: AsyncTestClient[Any],
+    auth: TokenFactory,
+    store: Store,
+    pool: asyncpg.Pool,
+    tenant: str,
+    run_id: str,
+) -> None:
+    """A stream made before the list bounds (here written with SQL) keeps working."""
+    definition = parse_definition(
+        {"stream_id": "wide", "direction": "output"},
+        region="local",
+        object_store_regions=frozenset({"local"}),
+    )
+    ref, created = await store.create_stream(StreamKey(tenant, run_id, "wide"), definition)
+    assert created
+    stored = definition.to_json_dict()
+    stored["authorization"]["readers"] = [f"r{i}" for i in range(MAX_PRINCIPALS * 2)] + ["*"]
+    await pool.execute(
+        "UPDATE workflow_streams.streams SET definition = $2::jsonb WHERE stream_pk = $1",
+        ref.stream_pk,
+        json.dumps(stored),
+    )
+    response = await client.get(f"{API}/runs/{run_id}/streams/wide", headers=auth())
+    assert response.status_code == 200, response.text[:300]
+    assert len(response.json()["definition"]["authorization"]["readers"]) == MAX_PRINCIPALS * 2 + 1

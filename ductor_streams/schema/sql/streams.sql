@@ -2,21 +2,11 @@
 -- Loaded with every other file of this folder by ductor_streams.schema.queries.
 
 -- name: stream_insert
--- Creates a stream with its consumers; returns no row when the key already exists.
--- With consumers, the minimum acknowledgement starts at 0 (everything unread).
-WITH created AS (
-    INSERT INTO workflow_streams.streams
-           (tenant, run_id, stream_id, direction, definition, min_acked_sequence, min_acked_bytes)
-    VALUES ($1, $2, $3, $4, $5::jsonb,
-            CASE WHEN cardinality($6::text[]) > 0 THEN 0 END,
-            CASE WHEN cardinality($6::text[]) > 0 THEN 0 END)
-    ON CONFLICT ON CONSTRAINT streams_key DO NOTHING
-    RETURNING stream_pk
-), consumers AS (
-    INSERT INTO workflow_streams.consumers (stream_pk, consumer_id)
-    SELECT created.stream_pk, c FROM created, unnest($6::text[]) c
-)
-SELECT stream_pk FROM created;
+-- Creates a stream with its consumers within the tenant's quota of $7 streams
+-- (create_stream, migration 0040): outcome 'created', 'exists' (stream_pk is the
+-- existing stream) or 'tenant_quota' (nothing created).
+SELECT r_stream_pk AS stream_pk, r_outcome AS outcome
+  FROM workflow_streams.create_stream($1, $2, $3, $4, $5::jsonb, $6::text[], $7);
 
 -- name: stream_get_by_key
 SELECT stream_pk, direction, definition::text AS definition
