@@ -23,6 +23,7 @@ async def _prune(settings: Settings, config: UpkeepConfig) -> PassReport:
             ),
             sweep_orphans_now=True,
             orphan_grace_seconds=config.orphan_grace_seconds,
+            idempotency_window_seconds=config.idempotency_window_seconds,
         )
     finally:
         await pool.close()

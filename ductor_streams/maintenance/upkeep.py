@@ -20,7 +20,11 @@ import asyncpg
 from ductor_streams import metrics, tracing
 from ductor_streams.config import Settings
 from ductor_streams.maintenance.deletions import DeletionReport, run_deletions
-from ductor_streams.maintenance.retention import RetentionReport, prune_all
+from ductor_streams.maintenance.retention import (
+    DEFAULT_IDEMPOTENCY_WINDOW_SECONDS,
+    RetentionReport,
+    prune_all,
+)
 from ductor_streams.maintenance.sweep import (
     DEFAULT_ORPHAN_GRACE_SECONDS,
     expire_intents,
@@ -43,13 +47,15 @@ UNAVAILABLE_FIRST_RETRY_SECONDS = 1.0
 @dataclass(frozen=True)
 class UpkeepConfig:
     """How often upkeep runs, in seconds (``Settings.upkeep`` builds it from
-    ``DUCTOR_STREAMS_MAINTENANCE_INTERVAL``, ``_ORPHAN_SWEEP_INTERVAL`` and
-    ``_ORPHAN_GRACE``). The orphan sweep runs less often because listing a bucket costs
-    more; the grace is longer than any upload in flight."""
+    ``DUCTOR_STREAMS_MAINTENANCE_INTERVAL``, ``_ORPHAN_SWEEP_INTERVAL``,
+    ``_ORPHAN_GRACE`` and ``_IDEMPOTENCY_WINDOW_SECONDS``). The orphan sweep runs less
+    often because listing a bucket costs more; the grace is longer than any upload in
+    flight; append receipts outlive their records by the idempotency window."""
 
     interval_seconds: float = 30.0
     orphan_interval_seconds: float = 600.0
     orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE_SECONDS
+    idempotency_window_seconds: float = DEFAULT_IDEMPOTENCY_WINDOW_SECONDS
 
 
 @dataclass
@@ -74,6 +80,7 @@ class PassReport:
             ),
             f"deleted {self.deletions.deleted} stored objects "
             f"({self.deletions.failed} failed, will retry)",
+            f"pruned {self.retention.receipts} append receipts",
         ]
 
     def to_json_dict(self) -> dict[str, Any]:
@@ -81,6 +88,7 @@ class PassReport:
             "records_pruned": self.retention.records,
             "streams_pruned": self.retention.streams,
             "objects_queued_by_retention": self.retention.objects,
+            "receipts_pruned": self.retention.receipts,
             "intents_expired": self.expired_intents,
             "orphans_queued": self.orphans_queued,
             "deleted": self.deletions.deleted,
@@ -94,10 +102,14 @@ async def run_pass(
     *,
     sweep_orphans_now: bool = True,
     orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE_SECONDS,
+    idempotency_window_seconds: float = DEFAULT_IDEMPOTENCY_WINDOW_SECONDS,
 ) -> PassReport:
-    """Prune, expire, sweep orphans (when asked), then carry out due deletions."""
+    """Prune (records, then the append receipts due), expire, sweep orphans (when
+    asked), then carry out due deletions."""
     with tracing.span("maintenance pass", {"ductor_streams.sweep_orphans": sweep_orphans_now}):
-        return await _run_pass(pool, stores, sweep_orphans_now, orphan_grace_seconds)
+        return await _run_pass(
+            pool, stores, sweep_orphans_now, orphan_grace_seconds, idempotency_window_seconds
+        )
 
 
 async def _run_pass(
@@ -105,9 +117,10 @@ async def _run_pass(
     stores: BlobStores,
     sweep_orphans_now: bool,
     orphan_grace_seconds: float,
+    idempotency_window_seconds: float,
 ) -> PassReport:
     report = PassReport()
-    report.retention = await prune_all(pool)
+    report.retention = await prune_all(pool, idempotency_window_seconds=idempotency_window_seconds)
     report.expired_intents = await expire_intents(pool)
     if sweep_orphans_now:
         report.orphans_queued = await sweep_orphans(
@@ -155,6 +168,7 @@ async def _loop(pool: asyncpg.Pool, stores: BlobStores, config: UpkeepConfig) ->
                 stores,
                 sweep_orphans_now=sweep,
                 orphan_grace_seconds=config.orphan_grace_seconds,
+                idempotency_window_seconds=config.idempotency_window_seconds,
             )
             if sweep:
                 last_orphan_sweep = started

@@ -190,6 +190,7 @@ async def test_prune_command_prints_what_it_did(
         "expired 0 object intents",
         "queued 0 orphaned objects for deletion",
         "deleted 0 stored objects (0 failed, will retry)",
+        "pruned 0 append receipts",
     ]
     state = await api.stream_state()
     assert (state["earliest_sequence"], state["latest_sequence"]) == (4, 5)

@@ -4,15 +4,19 @@
 -- a held stream's bytes wait in the outbox until the hold is lifted.
 
 -- name: streams_with_retention
--- Keyset page of streams that have a retention limit and something retained.
-SELECT stream_pk
-  FROM workflow_streams.streams
- WHERE stream_pk > $1
-   AND ((definition -> 'retention' ->> 'max_records') IS NOT NULL
-        OR (definition -> 'retention' ->> 'max_age_seconds') IS NOT NULL)
-   AND NOT legal_hold
-   AND latest_sequence >= earliest_sequence
- ORDER BY stream_pk
+-- Keyset page of streams that have a retention limit and something retained, or append
+-- receipts left after retention removed everything; pruned_before: retention has
+-- removed records of it before (its receipts may be due: append_receipts_prune).
+SELECT s.stream_pk, s.earliest_sequence > 1 AS pruned_before
+  FROM workflow_streams.streams s
+ WHERE s.stream_pk > $1
+   AND ((s.definition -> 'retention' ->> 'max_records') IS NOT NULL
+        OR (s.definition -> 'retention' ->> 'max_age_seconds') IS NOT NULL)
+   AND NOT s.legal_hold
+   AND (s.latest_sequence >= s.earliest_sequence
+        OR EXISTS (SELECT 1 FROM workflow_streams.append_receipts a
+                    WHERE a.stream_pk = s.stream_pk))
+ ORDER BY s.stream_pk
  LIMIT $2;
 
 -- name: stream_prune
@@ -75,6 +79,29 @@ SELECT b.earliest_sequence AS old_earliest, b.new_earliest,
        (SELECT count(*) FROM gone) AS records_pruned,
        (SELECT count(*) FROM queued) AS objects_queued
   FROM bound b;
+
+-- name: append_receipts_prune
+-- At most $3 of the stream's append receipts that are due: every record the receipt
+-- answered for was removed by retention (last_sequence below earliest_sequence) and it
+-- is older than the idempotency window ($2 seconds). A stream under legal hold keeps
+-- them. Needs no lock: an append that meets a receipt as it goes replays it, one that
+-- comes after appends anew (the key expired; docs/api.md), and earliest_sequence only
+-- grows. Reads the stream's receipts through the primary key's first column.
+WITH due AS (
+    SELECT a.idempotency_key
+      FROM workflow_streams.streams s
+      JOIN workflow_streams.append_receipts a ON a.stream_pk = s.stream_pk
+     WHERE s.stream_pk = $1 AND NOT s.legal_hold
+       AND a.last_sequence < s.earliest_sequence
+       AND a.created_at < now() - make_interval(secs => $2)
+     LIMIT $3
+), gone AS (
+    DELETE FROM workflow_streams.append_receipts a
+     USING due
+     WHERE a.stream_pk = $1 AND a.idempotency_key = due.idempotency_key
+    RETURNING 1
+)
+SELECT count(*) AS receipts_pruned FROM gone;
 
 -- name: object_intents_expire
 -- prepared | uploaded -> expired once past expiry (at most $1 per call), queueing the
