@@ -27,10 +27,11 @@ from ductor_streams.http.append_worker import close_workers
 from ductor_streams.http.cors import CorsPolicy
 from ductor_streams.http.ds.front import DS_TEMPLATE, answer_ds, ds_route
 from ductor_streams.http.headers import is_api_path
+from ductor_streams.http.host import host_error
 from ductor_streams.http.live_reads import LiveReads, tenant_live_limit
 from ductor_streams.http.observe import Request, route_template
 from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
-from ductor_streams.http.problems import handle_exception
+from ductor_streams.http.problems import handle_exception, refuse
 from ductor_streams.http.records_front import RECORDS_TEMPLATE, answer_records, records_route
 from ductor_streams.http.state import runtime_in
 from ductor_streams.names import API_MOUNT
@@ -112,8 +113,8 @@ class StreamsApp(Litestar):
     """The Litestar app with the records front (http/records_front.py) and the Durable
     Streams endpoint (http/ds/) before it: appends and reads of records and DS requests
     are answered there, everything else by Litestar. The CORS layer (http/cors.py), when
-    configured, comes before all of them. Every HTTP request is observed
-    (http/observe.py: request ID, metrics, span)."""
+    configured, comes before all of them, and the ``Host`` check (http/host.py) before
+    that. Every HTTP request is observed (http/observe.py: request ID, metrics, span)."""
 
     cors: CorsPolicy | None = None
     runtime: Runtime | None = None  # set by the lifespan, as the state's ``runtime``
@@ -129,6 +130,10 @@ class StreamsApp(Litestar):
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
+            return
+        bad_host = host_error(scope["headers"])
+        if bad_host is not None:
+            await refuse(scope, send, bad_host)
             return
         if self.cors is not None:
             screened = await self.cors.screen(scope, send)

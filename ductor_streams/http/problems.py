@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import MutableMapping
 from typing import Any
 
 import msgspec
@@ -21,6 +22,9 @@ from ductor_streams.errors import (
     TooManyLiveReads,
     TooManyReads,
 )
+from ductor_streams.http.headers import Send, is_api_path
+from ductor_streams.http.observe import UNMATCHED
+from ductor_streams.http.observe import Request as ObservedRequest
 from ductor_streams.logs import REQUEST_ID
 from ductor_streams.store.db import translate_db_error
 from ductor_streams.store.outage import report_unavailable
@@ -107,6 +111,26 @@ def error_for(exc: Exception, route: str | None) -> StreamsError:
 # client went away before the answer (ClientGone): nginx's "client closed request". It
 # is never read by anyone: the connection is closed, and the server drops the write.
 CLIENT_CLOSED_REQUEST = 499
+
+
+async def refuse(scope: MutableMapping[str, Any], send: Send, error: StreamsError) -> None:
+    """Answer an HTTP request with ``error``'s problem before any route sees it (the
+    ``Host`` check, http/host.py), with the headers every answer carries, observed as
+    an unmatched request."""
+    path = scope.get("path")
+    request = ObservedRequest(scope)
+    status, body, extra = problem_parts(error, path)
+    headers = [
+        (b"content-type", PROBLEM_JSON.encode()),
+        (b"content-length", str(len(body)).encode()),
+        *((k.lower().encode(), v.encode("latin-1")) for k, v in extra.items()),
+    ]
+    observed = request.observed_send(send, api=is_api_path(str(path)))
+    try:
+        await observed({"type": "http.response.start", "status": status, "headers": headers})
+        await observed({"type": "http.response.body", "body": body})
+    finally:
+        request.end(UNMATCHED, status)
 
 
 def handle_exception(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:

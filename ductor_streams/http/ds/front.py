@@ -9,8 +9,10 @@ protocol has its own specification (docs/durable-streams.md).
 Access is the native API's: the bearer token, the run's visibility and the stream's
 lists (401, 404, 403 problems in that order); PUT needs ``streams:admin``, POST
 ``streams:write`` (and ``streams:admin`` to close), GET and HEAD ``streams:read``.
-Every answer, errors too, carries ``X-Content-Type-Options: nosniff`` and
-``Cross-Origin-Resource-Policy: cross-origin``.
+Every answer, errors too, carries ``X-Content-Type-Options: nosniff``,
+``Content-Security-Policy: default-src 'none'; sandbox`` (a stream's media type is
+its creator's: ``text/html`` or ``image/svg+xml`` is served as such, and must run
+nothing in this origin) and ``Cross-Origin-Resource-Policy: cross-origin``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from ductor_streams.errors import (
 )
 from ductor_streams.http.access import authenticate
 from ductor_streams.http.connection_guard import note_tenant
+from ductor_streams.http.headers import NOSNIFF, SANDBOX
 from ductor_streams.http.live_reads import LiveRead, LiveReads
 from ductor_streams.http.problems import PROBLEM_JSON, error_for, problem_parts
 from ductor_streams.http.write_budget import BudgetedBody, send_pieces
@@ -48,7 +51,8 @@ DS_TEMPLATE = API_MOUNT + "/runs/{run_id}/ds/v1/stream/{stream_id}"
 ALLOW = "GET, HEAD, POST, PUT, OPTIONS"
 NO_STORE = "no-store"
 SECURITY_HEADERS: tuple[tuple[bytes, bytes], ...] = (
-    (b"x-content-type-options", b"nosniff"),
+    NOSNIFF,
+    SANDBOX,
     (b"cross-origin-resource-policy", b"cross-origin"),
 )
 

@@ -5,8 +5,8 @@ about ``PAGE_BYTES`` of payload. Long-poll at the tail waits on the process's st
 follower (the machinery of native SSE, live/followers.py) up to the configured timeout.
 Caching follows the protocol for per-user data: catch-up answers ``private, max-age=60,
 stale-while-revalidate=300`` with ``Vary: Authorization`` (never ``public``: an answer
-depends on the token's redaction rights) and an ETag; HEAD and ``offset=now``
-``no-store``.
+depends on the token's redaction rights) and an ETag that differs per redaction view
+and names no internal key (http/etags.py); HEAD and ``offset=now`` ``no-store``.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from ductor_streams.http.disconnect import until_disconnect
 from ductor_streams.http.ds import media
 from ductor_streams.http.ds.front import NO_STORE, Reply, Request
 from ductor_streams.http.ds.offsets import NOW, format_offset, parse_offset, response_cursor
+from ductor_streams.http.etags import catch_up_etag
 from ductor_streams.http.record_pages import check_dense
 from ductor_streams.live.events import End, Expired, Gone, Interrupted, LiveBatch
 from ductor_streams.store import StreamRef, ds
@@ -128,8 +129,15 @@ def _catch_up_reply(
     )
     if live is not None:
         reply.headers["Stream-Cursor"] = response_cursor(cursor)
-    etag = f'"{ref.stream_pk}:{given or "-1"}:{reply.headers["Stream-Next-Offset"]}'
-    etag += ':c"' if "Stream-Closed" in reply.headers else '"'
+    etag = catch_up_etag(
+        request.runtime.settings.require_jwt_secret(),
+        ref.stream_pk,
+        offset=given or "-1",
+        first_sequence=first.records[0].sequence if first.records else None,
+        next_offset=reply.headers["Stream-Next-Offset"],
+        closed="Stream-Closed" in reply.headers,
+        redaction=redaction,
+    )
     reply.headers["ETag"] = etag
     if request.header("if-none-match") == etag:
         return Reply(304, {"ETag": etag, "Cache-Control": CATCH_UP_CACHE, "Vary": "Authorization"})

@@ -42,6 +42,7 @@ from ductor_streams.http.ds.front import (
     require_admin,
 )
 from ductor_streams.http.ds.offsets import format_offset
+from ductor_streams.http.host import absolute_url
 from ductor_streams.http.records_front import read_body
 from ductor_streams.store import StreamKey, StreamRef, ds
 from ductor_streams.store.ds import WriteOutcome, WriterHeaders
@@ -116,8 +117,9 @@ async def create(request: Request) -> Reply:
         "Cache-Control": "no-store",
     }
     if created:
-        host = request.header("host") or "localhost"
-        headers["Location"] = f"{request.scope.get('scheme', 'http')}://{host}{request.path}"
+        # From DUCTOR_STREAMS_PUBLIC_URL, or the checked Host (http/host.py): the
+        # protocol's clients want an absolute URL.
+        headers["Location"] = absolute_url(settings, request.scope, request.path)
     if head.closed:
         headers["Stream-Closed"] = "true"
     return Reply(201 if created else 200, headers)
