@@ -20,6 +20,9 @@ part's event loop, threads or crash cannot disturb the next):
   and as the SSE backfill, beside raw asyncpg pages of 1,000 (bench/reads.py)
 - ``fairness``: one tenant's one-record append p50/p99 while another tenant runs 120
   concurrent 8 MB catch-up loops, beside a quiet run in the same window (bench/fairness.py)
+- ``failover``: a pg_auto_failover cluster (its own, not the server below) under appends
+  and SSE followers: the write outage of a switchover and of a killed primary, and how
+  soon after the new primary takes writes appends are answered 2xx (bench/failover.py)
 
 A part whose module is absent is reported and skipped. Every part gets the same
 Postgres server ($DUCTOR_STREAMS_BENCH_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL,
@@ -46,6 +49,7 @@ PARTS = {
     "ds": "bench.ds",
     "reads": "bench.reads",
     "fairness": "bench.fairness",
+    "failover": "bench.failover",
 }
 
 

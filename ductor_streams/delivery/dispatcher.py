@@ -35,6 +35,7 @@ from ductor_streams.delivery.wait_service import (
     RunNotFound,
     WaitService,
 )
+from ductor_streams.store.db import DRIVER_ERRORS
 from ductor_streams.store.eager import start_now
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,7 @@ RENEWALS_PER_LEASE = 4
 # to be sent again (and a takeover's figures) stays small. One UPDATE per period.
 RECORD_EVERY = 0.2
 
-_DB_ERRORS = (OSError, asyncpg.PostgresError, asyncpg.InterfaceError)
+_DB_ERRORS = DRIVER_ERRORS
 
 
 @dataclass(frozen=True)

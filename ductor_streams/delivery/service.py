@@ -18,6 +18,7 @@ from ductor_streams.delivery.outbox import ClaimedDelivery
 from ductor_streams.delivery.wait_service import InputEvent
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.append import LeasedDeliveries, LeaseTerms
+from ductor_streams.store.db import DRIVER_ERRORS
 from ductor_streams.store.models import StreamRef
 
 if TYPE_CHECKING:
@@ -87,7 +88,7 @@ class _InputWakes:
     async def _learn(self, stream_pk: int) -> None:
         try:
             is_input = await self._pool.fetchval(QUERIES["delivery_stream_is_input"], stream_pk)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except DRIVER_ERRORS:
             self._dispatcher.notify()
             return
         if is_input is None:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-import asyncpg
 from litestar import Request, Response, get
 
 from ductor_streams import metrics
 from ductor_streams.http.state import runtime_of
+from ductor_streams.store.db import DRIVER_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -23,7 +23,7 @@ async def prometheus_metrics(request: Request[Any, Any, Any]) -> Response[bytes]
     """Every metric of this process, plus delivery states read from Postgres now."""
     try:
         await metrics.refresh_from_database(runtime_of(request).pool)
-    except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+    except (*DRIVER_ERRORS, TimeoutError) as exc:
         # The process's own counters are still worth a scrape; the gauges keep their
         # last values.
         log.warning("delivery gauges not refreshed", extra={"error_type": type(exc).__name__})

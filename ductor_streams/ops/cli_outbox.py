@@ -52,7 +52,7 @@ def run_outbox(settings: Settings, args: argparse.Namespace, out: TextIO = sys.s
     except asyncpg.PostgresError as exc:
         print(f"ductor-streams: database error ({type(exc).__name__})", file=sys.stderr)
         return 1
-    except (OSError, asyncpg.InterfaceError) as exc:
+    except (OSError, asyncpg.InterfaceError, asyncpg.exceptions.InternalClientError) as exc:
         reason = type(exc).__name__
         print(f"ductor-streams: the database is unreachable ({reason})", file=sys.stderr)
         return 1

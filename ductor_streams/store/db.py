@@ -77,16 +77,19 @@ async def _open_pool(
     return pool
 
 
-# The pools of this process that are not closed (see _replace_pooled_connections).
+# The pools of this process that are not closed (see replace_pooled_connections).
 _POOLS: list[asyncpg.Pool] = []
 _EXPIRING: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
 
 
-def _replace_pooled_connections() -> None:
-    # After a failover, connections a pool opened to the old primary may still be alive
-    # on what is now a standby: every write on them fails with 25006 for as long as they
-    # live, and under load none is idle long enough to be closed. So every pool replaces
-    # its connections at their next acquire; new ones follow the DSN to the new primary.
+def replace_pooled_connections() -> None:
+    """Make every pool of this process replace its connections at their next acquire
+    (or release, for those in use); new ones follow the DSN to the host taking writes.
+
+    After a failover, connections a pool opened to the old primary may still be alive
+    on what is now a standby: every write on them fails with 25006 for as long as they
+    live, and under load none is idle long enough to be closed.
+    """
     try:
         loop = asyncio.get_running_loop()
     except RuntimeError:
@@ -96,6 +99,17 @@ def _replace_pooled_connections() -> None:
         _EXPIRING.add(task)
         task.add_done_callback(_EXPIRING.discard)
 
+
+# What the driver raises for a statement or a connection: an ``except`` around database
+# work catches these, and ``database_unavailable`` then tells an outage from a bug.
+# asyncpg's InternalClientError is no InterfaceError, and a multi-host DSN raises one of
+# its kinds (TargetServerAttributeNotMatched) while no host takes writes.
+DRIVER_ERRORS = (
+    OSError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.exceptions.InternalClientError,
+)
 
 # Errors in which Postgres says it cannot serve now, whatever the statement: shutting
 # down or crashed (57P01, 57P02), starting up or in recovery (57P03), its database gone
@@ -116,14 +130,25 @@ _UNAVAILABLE_STATES = (
 
 def database_unavailable(exc: BaseException) -> bool:
     """Whether ``exc`` says the database cannot serve right now (unreachable, restarting,
-    in recovery, a read-only standby after failover, out of connections, the connection
-    lost), so that the same request may succeed a few seconds later.
+    in recovery, a read-only standby after failover, no host of a multi-host DSN taking
+    writes, out of connections, the connection lost), so that the same request may
+    succeed a few seconds later.
 
     An ``OSError`` (refused, reset, unreachable, a connect or pool timeout) counts only
     when the driver raised it: the same error from a blob store is not the database's.
     """
     if isinstance(exc, DatabaseUnavailable) or isinstance(exc, _UNAVAILABLE_STATES):
         return True
+    if isinstance(exc, asyncpg.exceptions.TargetServerAttributeNotMatched):
+        # ``target_session_attrs=read-write`` and every host listed is a standby, read-only
+        # or starting: a failover is under way (pg_auto_failover, Patroni).
+        return True
+    if isinstance(exc, asyncpg.exceptions.InternalClientError):
+        # A server's FATAL ("terminating connection due to unexpected postmaster exit",
+        # a primary killed) that reached an idle connection leaves its protocol waiting
+        # for an answer that never comes; the next statement on it fails so, until the
+        # driver sees the socket close. Other internal errors are bugs.
+        return str(exc).startswith("cannot switch to state")
     if isinstance(exc, asyncpg.InterfaceError):
         # "connection is closed", "the underlying connection is closed", "pool is
         # closing": the connection went away under the statement. Other interface errors
@@ -149,11 +174,11 @@ def translate_db_error(exc: BaseException) -> BaseException:
     This is the one place where asyncpg errors become domain errors (an unavailable
     database becomes ``DatabaseUnavailable``, see ``database_unavailable``); the
     original stays attached as ``__cause__``. A read-only standby (25006) also makes
-    the process's pools replace their connections (``_replace_pooled_connections``).
+    the process's pools replace their connections (``replace_pooled_connections``).
     """
     domain: StreamsError | None = None
     if isinstance(exc, asyncpg.exceptions.ReadOnlySQLTransactionError):
-        _replace_pooled_connections()
+        replace_pooled_connections()
     if database_unavailable(exc):
         domain = DatabaseUnavailable(
             "the database is restarting, failing over or unreachable; retry after the "
@@ -178,5 +203,5 @@ def translate_db_errors() -> Iterator[None]:
     """Raise the domain error that a driver error inside the block stands for."""
     try:
         yield
-    except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError) as exc:
+    except DRIVER_ERRORS as exc:
         raise translate_db_error(exc) from exc

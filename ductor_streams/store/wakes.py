@@ -21,6 +21,7 @@ import asyncpg
 
 from ductor_streams.live.record_wakes import KIND as RECORDS_KIND
 from ductor_streams.schema import QUERIES
+from ductor_streams.store.db import DRIVER_ERRORS
 from ductor_streams.store.held import HeldConnection
 
 log = logging.getLogger(__name__)
@@ -94,7 +95,7 @@ class WakeSender:
                 await self._connection.fetch(QUERIES["wake_send"], payloads)
                 self.statements += 1
                 delay = self._retry_delay
-            except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError) as exc:
+            except DRIVER_ERRORS as exc:
                 if self._pool.is_closing():
                     return  # shutting down: followers elsewhere re-read on their own
                 log.warning("wake send failed, retrying: %s", type(exc).__name__)

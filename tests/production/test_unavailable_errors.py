@@ -32,6 +32,11 @@ UNAVAILABLE = [
     E.TooManyConnectionsError("sorry, too many clients already"),
     asyncpg.InterfaceError("cannot perform operation: connection is closed"),
     asyncpg.InterfaceError("pool is closing"),
+    # A multi-host DSN with target_session_attrs=read-write while no host takes writes.
+    E.TargetServerAttributeNotMatched("None of the hosts match the target attribute"),
+    # A FATAL from a killed primary that reached an idle connection: its next statement
+    # (seen on this machine when a primary's postmaster was SIGKILLed under load).
+    E.InternalClientError("cannot switch to state 12; another operation (2) is in progress"),
     DatabaseUnavailable(),
 ]
 
@@ -40,6 +45,7 @@ NOT_UNAVAILABLE = [
     E.UniqueViolationError("duplicate key"),
     E.UntranslatableCharacterError("NUL"),
     asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
+    E.OutdatedSchemaCacheError("cached statement plan is invalid"),  # an internal error
     OSError("disk full"),  # not raised by the driver: a blob store's, say
     ConnectionRefusedError("refused by the GCS emulator"),
     ValueError("a bug"),
