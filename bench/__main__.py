@@ -1,7 +1,7 @@
 """The benchmark suite: ``python -m bench`` (or ``make bench``) runs every part in one go.
 
-    python -m bench [--only append,sse,temporal,objects,tracing,ds,reads,fairness] [--runs 3]
-                    [--seconds 5]
+    python -m bench [--only append,sse,temporal,objects,tracing,ds,reads,fairness,failover,
+                            pooler] [--runs 3] [--seconds 5]
 
 Parts (each a module with ``main(argv) -> int``, run in its own process so that one
 part's event loop, threads or crash cannot disturb the next):
@@ -23,6 +23,8 @@ part's event loop, threads or crash cannot disturb the next):
 - ``failover``: a pg_auto_failover cluster (its own, not the server below) under appends
   and SSE followers: the write outage of a switchover and of a killed primary, and how
   soon after the new primary takes writes appends are answered 2xx (bench/failover.py)
+- ``pooler``: appends/s at 1 and 16 clients through PgBouncer in transaction mode
+  (started here) beside a direct connection, paired per run (bench/pooler.py)
 
 A part whose module is absent is reported and skipped. Every part gets the same
 Postgres server ($DUCTOR_STREAMS_BENCH_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL,
@@ -50,6 +52,7 @@ PARTS = {
     "reads": "bench.reads",
     "fairness": "bench.fairness",
     "failover": "bench.failover",
+    "pooler": "bench.pooler",
 }
 
 
@@ -79,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
         help="comma-separated parts to run (default: all): " + ", ".join(PARTS),
     )
     parser.add_argument(
-        "--runs", type=int, default=3, help="append, ds, reads: runs per shape (median)"
+        "--runs", type=int, default=3, help="append, ds, reads, pooler: runs per shape (median)"
     )
     parser.add_argument("--seconds", type=float, default=5.0, help="append, ds: seconds per run")
     args = parser.parse_args(argv)
@@ -102,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
                 ["--runs", str(args.runs), "--seconds", str(args.seconds)]
                 if name in ("append", "ds")
                 else ["--runs", str(args.runs)]
-                if name == "reads"
+                if name in ("reads", "pooler")
                 else []
             )
             if _run_part(name, PARTS[name], part_argv, env) != 0:

@@ -108,7 +108,12 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         if not 0 <= args.wait <= 3600:
             raise ConfigError("--wait must be between 0 and 3600 seconds")
-        applied = asyncio.run(migrate_when_reachable(settings.require_database(), args.wait))
+        # The direct connection when there is one (the lock then is a session lock);
+        # else through the pooler, each migration under a transaction lock if need be.
+        dsn = settings.require_database()
+        dsn = settings.direct_database_url or dsn
+        pooled = settings.transaction_pooled and not settings.direct_database_url
+        applied = asyncio.run(migrate_when_reachable(dsn, args.wait, pooled=pooled))
         for migration in applied:
             print(f"applied {migration.version:04d}_{migration.name}")
         if not applied:

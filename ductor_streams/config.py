@@ -18,7 +18,7 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -42,6 +42,11 @@ OTEL_SAMPLERS = (
     "parentbased_traceidratio",
 )
 GOOGLE_CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
+# What sits between the pools and Postgres (DUCTOR_STREAMS_DATABASE_POOLER):
+# ``session`` (a direct connection, or a pooler that keeps one server session per
+# client connection) or ``transaction`` (a pooler that may hand each transaction to
+# another server session: no named prepared statements, no session state).
+POOLER_MODES = ("session", "transaction")
 
 
 # How long opening one Postgres connection may take (the pool's and the LISTEN
@@ -91,6 +96,12 @@ class Settings(BaseModel):
     database_url: str | None = Field(
         default=None, repr=False, pattern=r"^postgres(ql)?://", max_length=4096
     )
+    # A direct or session-mode connection for what needs a session of its own (LISTEN,
+    # the migration lock) when DATABASE_URL goes through a transaction pooler.
+    direct_database_url: str | None = Field(
+        default=None, repr=False, pattern=r"^postgres(ql)?://", max_length=4096
+    )
+    database_pooler: Literal["session", "transaction"] = "session"
     jwt_secret: str | None = Field(default=None, repr=False, min_length=16, max_length=4096)
     region: str = Field(default="local", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
     object_stores: dict[str, str] = Field(default_factory=dict)
@@ -215,6 +226,14 @@ class Settings(BaseModel):
                 )
         return origins
 
+    @field_validator("database_pooler", mode="before")
+    @classmethod
+    def _parse_pooler(cls, value: Any) -> Any:
+        text = str(value).strip().lower()
+        if text not in POOLER_MODES:
+            raise ValueError(f"must be one of {', '.join(POOLER_MODES)}, not {value!r}")
+        return text
+
     @field_validator("log_level", mode="before")
     @classmethod
     def _parse_log_level(cls, value: Any) -> str:
@@ -299,6 +318,27 @@ class Settings(BaseModel):
         if not self.database_url:
             raise ConfigError(f"{_env('database_url')} is not set")
         return self.database_url
+
+    def require_session_database(self) -> str:
+        """The DSN of a connection that keeps one server session (LISTEN, the migration
+        lock): ``DIRECT_DATABASE_URL`` when set, else ``DATABASE_URL`` unless that goes
+        through a transaction pooler, in which case a ``ConfigError`` says what to set."""
+        dsn = self.require_database()
+        if self.direct_database_url:
+            return self.direct_database_url
+        if self.database_pooler == "transaction":
+            raise ConfigError(
+                f"{_env('direct_database_url')} is not set: with "
+                f"{_env('database_pooler')}=transaction, LISTEN and the migration lock need "
+                "a direct or session-mode connection to Postgres"
+            )
+        return dsn
+
+    @property
+    def transaction_pooled(self) -> bool:
+        """Whether ``DATABASE_URL`` goes through a transaction pooler (its connections
+        then carry no named prepared statements and no session state)."""
+        return self.database_pooler == "transaction"
 
     def require_jwt_secret(self) -> str:
         if not self.jwt_secret:

@@ -53,16 +53,23 @@ async def open_runtime(
 ) -> AsyncIterator[Runtime]:
     """Open a ``Runtime`` from the settings; ``name`` labels the pool's metrics.
     ``listen_on_demand``: the hub LISTENs only while something in the process watches
-    (live/hub.py), as a Temporal worker's does."""
+    (live/hub.py), as a Temporal worker's does.
+
+    The pool uses ``DATABASE_URL`` (through a transaction pooler when
+    ``DATABASE_POOLER`` says so); the hub's LISTEN connection needs a session of its
+    own, so it uses ``DIRECT_DATABASE_URL`` when set (``ConfigError`` when a
+    transaction pooler leaves it nothing to use)."""
     dsn = settings.require_database()
+    listen_dsn = settings.require_session_database()
     pool = await create_pool(
         dsn,
         min_size=settings.pool_min_size if pool_min_size is None else pool_min_size,
         max_size=settings.pool_max_size,
         warm=True,
+        pooler=settings.database_pooler,
     )
     metrics.track_pool(name, pool)
-    hub = NotificationHub(dsn, listen_on_demand=listen_on_demand)
+    hub = NotificationHub(listen_dsn, listen_on_demand=listen_on_demand)
     followers: Followers | None = None
     try:
         await hub.start()

@@ -54,6 +54,7 @@ class DrainingServer(uvicorn.Server):
 def serve(settings: Settings, *, workers: bool) -> int:
     """Serve on ``settings.host``:``settings.port`` until SIGTERM or SIGINT."""
     settings.require_database()
+    settings.require_session_database()
     settings.require_jwt_secret()
     configure_logging(settings.log_level_number)
     configure_tracing(settings, service="ductor-streams")

@@ -32,6 +32,7 @@ async def run_worker_services(settings: Settings, stop: asyncio.Event) -> None:
 
 def run_workers(settings: Settings) -> int:
     settings.require_database()
+    settings.require_session_database()
     configure_logging(settings.log_level_number)
     configure_tracing(settings, service="ductor-streams-workers")
 

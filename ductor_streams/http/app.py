@@ -60,6 +60,7 @@ def create_app(
     runtime (ductor_streams/runtime.py) with it, and stopped before it."""
     settings.require_jwt_secret()
     settings.require_database()
+    settings.require_session_database()
 
     @contextlib.asynccontextmanager
     async def store_lifespan(app: Litestar) -> AsyncIterator[None]:

@@ -13,7 +13,9 @@ from ductor_streams.tracing import configure_tracing
 
 
 async def _prune(settings: Settings, config: UpkeepConfig) -> PassReport:
-    pool = await create_pool(settings.require_database(), min_size=1, max_size=2)
+    pool = await create_pool(
+        settings.require_database(), min_size=1, max_size=2, pooler=settings.database_pooler
+    )
     try:
         return await run_pass(
             pool,

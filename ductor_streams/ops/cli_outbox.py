@@ -40,7 +40,7 @@ def run_outbox(settings: Settings, args: argparse.Namespace, out: TextIO = sys.s
     if args.action in ("list", "summary", "gaps", "show") and args.by is not None:
         raise ConfigError("--by is only for `outbox retry`")
     try:
-        return asyncio.run(_run(dsn, args, out))
+        return asyncio.run(_run(dsn, args, out, settings.database_pooler))
     except StreamsError as exc:
         print(f"ductor-streams: {exc.detail}", file=sys.stderr)
         return 2 if exc.status == 400 else 1
@@ -58,9 +58,9 @@ def run_outbox(settings: Settings, args: argparse.Namespace, out: TextIO = sys.s
         return 1
 
 
-async def _run(dsn: str, args: argparse.Namespace, out: TextIO) -> int:
+async def _run(dsn: str, args: argparse.Namespace, out: TextIO, pooler: str = "session") -> int:
     view = ops.Visibility(args.tenant, None)
-    pool = await create_pool(dsn, min_size=1, max_size=2)
+    pool = await create_pool(dsn, min_size=1, max_size=2, pooler=pooler)
     try:
         if args.action == "list":
             where = ops.DeliveryFilter(

@@ -2,6 +2,12 @@
 
 Safe to run from several processes at once: a session advisory lock serialises
 runners, and each migration commits together with its ``schema_migrations`` row.
+
+Through a transaction pooler (``pooled``) a session lock would be taken and released on
+whichever server sessions the pooler picks, so it would serialise nothing: each
+migration's transaction takes a transaction-level advisory lock instead and checks
+again, under it, whether another runner applied the migration meanwhile. The CLI uses
+that only when no direct connection is configured (``DUCTOR_STREAMS_DIRECT_DATABASE_URL``).
 """
 
 from __future__ import annotations
@@ -62,33 +68,72 @@ async def applied_versions(conn: asyncpg.Connection) -> list[int]:
     return [r["version"] for r in rows]
 
 
-async def migrate(dsn: str) -> list[Migration]:
-    """Apply every pending migration; return the ones this call applied."""
-    conn = await asyncpg.connect(dsn)
+async def migrate(dsn: str, *, pooled: bool = False) -> list[Migration]:
+    """Apply every pending migration; return the ones this call applied.
+
+    ``pooled``: ``dsn`` goes through a transaction pooler (the module docstring): no
+    named prepared statements, and a lock per migration's transaction.
+    """
+    if pooled:
+        # Named statements would land on other server sessions (store/db.py).
+        conn = await asyncpg.connect(dsn, statement_cache_size=0)
+    else:
+        conn = await asyncpg.connect(dsn)
     try:
-        await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
-        try:
-            async with conn.transaction():
-                await conn.execute(_BOOTSTRAP)
-            done = set(await applied_versions(conn))
-            applied = []
-            for migration in available_migrations():
-                if migration.version in done:
-                    continue
-                async with conn.transaction():
-                    await conn.execute(migration.sql())
-                    await conn.execute(
-                        "INSERT INTO workflow_streams.schema_migrations (version, name) "
-                        "VALUES ($1, $2)",
-                        migration.version,
-                        migration.name,
-                    )
-                applied.append(migration)
-            return applied
-        finally:
-            await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+        if pooled:
+            return await _migrate_locking_each(conn)
+        return await _migrate_locked(conn)
     finally:
         await conn.close()
+
+
+async def _migrate_locked(conn: asyncpg.Connection) -> list[Migration]:
+    """Every pending migration under one session lock (a direct or session connection)."""
+    await conn.execute("SELECT pg_advisory_lock($1)", _LOCK_KEY)
+    try:
+        async with conn.transaction():
+            await conn.execute(_BOOTSTRAP)
+        done = set(await applied_versions(conn))
+        applied = []
+        for migration in available_migrations():
+            if migration.version in done:
+                continue
+            async with conn.transaction():
+                await _apply(conn, migration)
+            applied.append(migration)
+        return applied
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock($1)", _LOCK_KEY)
+
+
+async def _migrate_locking_each(conn: asyncpg.Connection) -> list[Migration]:
+    """Every pending migration, each in a transaction that holds the lock until it
+    commits (a transaction pooler keeps a transaction on one server session)."""
+    async with conn.transaction():
+        await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+        await conn.execute(_BOOTSTRAP)
+    done = set(await applied_versions(conn))
+    applied = []
+    for migration in available_migrations():
+        if migration.version in done:
+            continue
+        async with conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
+            if migration.version in set(await applied_versions(conn)):
+                continue  # another runner applied it while this one waited
+            await _apply(conn, migration)
+        applied.append(migration)
+    return applied
+
+
+async def _apply(conn: asyncpg.Connection, migration: Migration) -> None:
+    """One migration and its ``schema_migrations`` row (inside the caller's transaction)."""
+    await conn.execute(migration.sql())
+    await conn.execute(
+        "INSERT INTO workflow_streams.schema_migrations (version, name) VALUES ($1, $2)",
+        migration.version,
+        migration.name,
+    )
 
 
 async def is_current(conn: asyncpg.Connection) -> bool:

@@ -13,13 +13,16 @@ from ductor_streams.schema.migrate import Migration, migrate
 from ductor_streams.store.db import database_unavailable
 
 
-async def migrate_when_reachable(dsn: str, wait_seconds: float) -> list[Migration]:
-    """``migrate(dsn)``, retried every second while the database is unavailable (refused,
-    starting up, in recovery), for at most ``wait_seconds``; any other error at once."""
+async def migrate_when_reachable(
+    dsn: str, wait_seconds: float, *, pooled: bool = False
+) -> list[Migration]:
+    """``migrate(dsn, pooled=pooled)``, retried every second while the database is
+    unavailable (refused, starting up, in recovery), for at most ``wait_seconds``; any
+    other error at once."""
     deadline = time.monotonic() + wait_seconds
     while True:
         try:
-            return await migrate(dsn)
+            return await migrate(dsn, pooled=pooled)
         except Exception as exc:
             if not database_unavailable(exc) or time.monotonic() >= deadline:
                 raise

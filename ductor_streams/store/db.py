@@ -5,13 +5,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from types import TracebackType
+from typing import Any
 
 import asyncpg
 
 from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
 from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsError
+from ductor_streams.store.unnamed import UnnamedStatementConnection
 from ductor_streams.store.warm import warm_connection
 
 # A new connection that takes longer than this counts as the database being unreachable
@@ -30,11 +32,25 @@ async def _reset(conn: asyncpg.Connection) -> None:
 
 
 async def create_pool(
-    dsn: str, *, min_size: int = 2, max_size: int = 10, warm: bool = False
+    dsn: str,
+    *,
+    min_size: int = 2,
+    max_size: int = 10,
+    warm: bool = False,
+    pooler: str = "session",
 ) -> asyncpg.Pool:
     """A pool for the store. Connections are cheap to release (see ``_reset``).
     ``warm``: each new connection runs the append statements once before it serves
     (store/warm.py), as the store's own pool does.
+
+    ``pooler="transaction"``: ``dsn`` goes through a transaction pooler (PgBouncer in
+    ``pool_mode = transaction``) that may run each transaction on another server
+    session. Named prepared statements would then be missing, or already exist, on the
+    session a statement lands on (``DuplicatePreparedStatementError``), so the statement
+    cache is off and every statement is unnamed, parsed again with each execution in
+    the same round trip (store/unnamed.py). Nothing else changes: pooled connections
+    keep no session state (no LISTEN, SET, session lock or temporary table beyond its
+    transaction).
 
     When the database cannot be reached at start (a managed database in maintenance, a
     failover under way, the database container still starting), the pool starts empty
@@ -42,8 +58,9 @@ async def create_pool(
     until it answers, and then connections open as requests need them.
     """
     init = warm_connection if warm else None
+    options = _POOLER_OPTIONS[pooler]
     try:
-        pool = await _open_pool(dsn, min_size, max_size, init)
+        pool = await _open_pool(dsn, min_size, max_size, init, options)
     except Exception as exc:
         if not database_unavailable(exc) or min_size == 0:
             raise
@@ -51,7 +68,7 @@ async def create_pool(
             "database unavailable at start; connecting on demand",
             extra={"error_type": type(exc).__name__},
         )
-        pool = await _open_pool(dsn, 0, max_size, init)
+        pool = await _open_pool(dsn, 0, max_size, init, options)
     _POOLS[:] = [p for p in _POOLS if not p.is_closing()]
     _POOLS.append(pool)
     return pool
@@ -62,6 +79,7 @@ async def _open_pool(
     min_size: int,
     max_size: int,
     init: Callable[[asyncpg.Connection], Awaitable[None]] | None,
+    options: Mapping[str, Any],
 ) -> asyncpg.Pool:
     pool = await asyncpg.create_pool(
         dsn,
@@ -72,9 +90,23 @@ async def _open_pool(
         max_inactive_connection_lifetime=60.0,
         command_timeout=60.0,
         timeout=CONNECT_TIMEOUT_SECONDS,
+        **options,
     )
     assert pool is not None
     return pool
+
+
+# Connection options by DUCTOR_STREAMS_DATABASE_POOLER (create_pool).
+_POOLER_OPTIONS: dict[str, Mapping[str, Any]] = {
+    "session": {},
+    "transaction": {"statement_cache_size": 0, "connection_class": UnnamedStatementConnection},
+}
+
+
+def connection_options(pooler: str) -> Mapping[str, Any]:
+    """The ``asyncpg.connect`` options for a connection through ``pooler``
+    (``session`` or ``transaction``; see ``create_pool``)."""
+    return _POOLER_OPTIONS[pooler]
 
 
 # The pools of this process that are not closed (see replace_pooled_connections).

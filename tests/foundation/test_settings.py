@@ -24,6 +24,8 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "configuration.md"
 # One bad value for each variable (the field it sets in brackets where the name differs).
 BAD_VALUES: dict[str, str] = {
     "DUCTOR_STREAMS_DATABASE_URL": "mysql://db/x",
+    "DUCTOR_STREAMS_DIRECT_DATABASE_URL": "mysql://db/x",
+    "DUCTOR_STREAMS_DATABASE_POOLER": "statement",
     "DUCTOR_STREAMS_JWT_SECRET": "too-short",
     "DUCTOR_STREAMS_REGION": "us east",
     "DUCTOR_STREAMS_OBJECT_STORE": "{not json",
@@ -266,3 +268,20 @@ async def test_serve_listens_where_host_and_port_say(database_url: str) -> None:
     finally:
         proc.terminate()
         await asyncio.wait_for(proc.wait(), 30)
+
+
+def test_a_transaction_pooler_needs_a_direct_url_for_listen_and_the_migration_lock() -> None:
+    pooled = "postgresql://u@pooler:6543/db"
+    direct = "postgresql://u@db:5432/db"
+    plain = Settings.from_env({"DUCTOR_STREAMS_DATABASE_URL": pooled})
+    assert (plain.database_pooler, plain.transaction_pooled) == ("session", False)
+    assert plain.require_session_database() == pooled
+    transaction = Settings.from_env(
+        {"DUCTOR_STREAMS_DATABASE_URL": pooled, "DUCTOR_STREAMS_DATABASE_POOLER": " Transaction "}
+    )
+    assert (transaction.database_pooler, transaction.transaction_pooled) == ("transaction", True)
+    with pytest.raises(ConfigError, match=r"^DUCTOR_STREAMS_DIRECT_DATABASE_URL is not set"):
+        transaction.require_session_database()
+    with_direct = transaction.with_overrides(direct_database_url=direct)
+    assert with_direct.require_session_database() == direct
+    assert direct not in repr(with_direct)  # it may hold a password

@@ -42,6 +42,10 @@ def settings_env(settings: Settings) -> dict[str, str]:
         env["DUCTOR_STREAMS_TEMPORAL_ADDRESS"] = settings.temporal_address
     if settings.cors_origins:
         env["DUCTOR_STREAMS_CORS_ORIGINS"] = ",".join(settings.cors_origins)
+    if settings.direct_database_url:
+        env["DUCTOR_STREAMS_DIRECT_DATABASE_URL"] = settings.direct_database_url
+    if settings.database_pooler != "session":
+        env["DUCTOR_STREAMS_DATABASE_POOLER"] = settings.database_pooler
     return env
 
 
