@@ -62,6 +62,19 @@ def _parser() -> argparse.ArgumentParser:
     outbox.add_argument("--by", help="who retries (default cli:<user>@<host>), for the audit")
     outbox.add_argument("--json", action="store_true", help="print JSON, as the HTTP API does")
 
+    doctor = sub.add_parser(
+        "doctor", help="check this deployment against the guarantees (exit 1 on a failure)"
+    )
+    doctor.add_argument("--json", action="store_true", help="print JSON, one object per check")
+    doctor.add_argument("--strict", action="store_true", help="exit 1 on a warning too")
+    doctor.add_argument(
+        "--timeout",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how long each check may take, 1-300 (default 10)",
+    )
+
     dev = sub.add_parser("dev", help="zero-config local stack: Postgres, Temporal, app, workers")
     dev.add_argument("--port", type=int, default=8000)
     dev.add_argument("--data-dir", default=".dev")
@@ -136,6 +149,12 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         from ductor_streams.dev import run_dev
 
         return run_dev(settings, port=args.port, data_dir=args.data_dir)
+    if args.command == "doctor":
+        from ductor_streams.doctor import run_doctor
+
+        if not 1 <= args.timeout <= 300:
+            raise ConfigError("--timeout must be between 1 and 300 seconds")
+        return run_doctor(settings, json=args.json, strict=args.strict, timeout=args.timeout)
     if args.command == "outbox":
         from ductor_streams.ops.cli_outbox import run_outbox
 

@@ -103,12 +103,6 @@ _POOLER_OPTIONS: dict[str, Mapping[str, Any]] = {
 }
 
 
-def connection_options(pooler: str) -> Mapping[str, Any]:
-    """The ``asyncpg.connect`` options for a connection through ``pooler``
-    (``session`` or ``transaction``; see ``create_pool``)."""
-    return _POOLER_OPTIONS[pooler]
-
-
 # The pools of this process that are not closed (see replace_pooled_connections).
 _POOLS: list[asyncpg.Pool] = []
 _EXPIRING: set[asyncio.Task[None]] = set()  # the loop keeps only weak references
