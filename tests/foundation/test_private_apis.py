@@ -136,3 +136,31 @@ def test_google_cloud_storage_calls() -> None:
     assert not missing, f"google-cloud-storage lost {missing}, which objects/gcs.py calls"
     parameters = inspect.signature(storage.Blob.open).parameters
     assert "chunk_size" in parameters, "Blob.open lost chunk_size (objects/gcs.py sets it)"
+
+
+def test_asyncpg_statement_preparation_for_transaction_poolers() -> None:
+    # store/unnamed.py overrides Connection._get_statement and _drop_local_statement_cache
+    # and keeps statement states that asyncpg marked unprepared (docs/speed.md,
+    # "Described unnamed statements"; docs/deploy.md, "Transaction pooler").
+    import asyncpg
+    from asyncpg.protocol.protocol import PreparedStatementState
+
+    parameters = list(inspect.signature(asyncpg.Connection._get_statement).parameters)
+    assert parameters == [
+        "self",
+        "query",
+        "timeout",
+        "named",
+        "use_cache",
+        "ignore_custom_codec",
+        "record_class",
+    ], f"asyncpg's Connection._get_statement changed: {parameters}; store/unnamed.py overrides it"
+    assert not _has(asyncpg.Connection, "_drop_local_statement_cache"), (
+        "asyncpg's Connection lost _drop_local_statement_cache, which store/unnamed.py overrides"
+    )
+    assert not _has(PreparedStatementState, "name", "prepared", "mark_unprepared")
+    source = inspect.getsource(asyncpg.Connection._get_statement)
+    assert "mark_unprepared()" in source and "_stmt_cache_enabled" in source, (
+        "asyncpg no longer marks an unnamed statement unprepared when its cache is off: "
+        "store/unnamed.py relies on each execution sending its Parse again"
+    )
