@@ -285,6 +285,47 @@ class CursorExpired(StreamsError):
         )
 
 
+class InvalidFingerprint(StreamsError):
+    """The fingerprint is not one a record's JSON carries."""
+
+    code = "invalid_fingerprint"
+    status = 400
+
+
+class HistoryDiverged(StreamsError):
+    """The record at the cursor is not the one the reader saw; resynchronise."""
+
+    code = "history_diverged"
+    status = 409
+
+    def __init__(
+        self,
+        *,
+        sequence: int,
+        fingerprint: str,
+        stored: str | None,
+        earliest: int,
+        latest: int,
+    ) -> None:
+        if stored is not None:
+            what = f"the record stored at sequence {sequence} has fingerprint {stored}"
+        else:
+            what = f"the stream has no record at sequence {sequence} (latest is {latest})"
+        super().__init__(
+            f"{what}, not {fingerprint}: the stream's history changed after this reader "
+            "saw it (a database failover that lost commits, or a restore). Records after "
+            "the cursor may not be the ones it expects: re-read from cursor 0, or from "
+            "the last record whose fingerprint still matches, and reconcile what was "
+            "derived from the records since",
+            sequence=sequence,
+            fingerprint=fingerprint,
+            stored_fingerprint=stored,
+            earliest_sequence=earliest,
+            latest_sequence=latest,
+            resync_reason="history_diverged",
+        )
+
+
 class AckRegression(StreamsError):
     """Acknowledgements only advance."""
 

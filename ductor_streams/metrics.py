@@ -27,6 +27,8 @@ Call sites, by metric:
 - ``UPKEEP_ERRORS``: maintenance, once per item of a pass that failed and was stepped
   over (``maintenance/isolation.py``).
 - ``DELIVERY_RETRIES``: operator retries (``ops.retry_delivery``).
+- ``DATABASE_IDENTITY_CHANGES``: store/identity.py, when a new pool connection or a
+  scrape finds another timeline or system identifier than the process saw before.
 - ``HTTP_REQUEST_DURATION`` (``observe_request``): every HTTP request, by method, route
   template and status (http/observe.py; the records front passes its route itself).
 - ``SSE_EVENTS``, ``SSE_BACKFILL_RECORDS``: the SSE subscription (live/subscription.py);
@@ -73,6 +75,7 @@ __all__ = [
     "CONTENT_TYPE",
     "CREDIT_RECHECKS",
     "CREDIT_REJECTIONS",
+    "DATABASE_IDENTITY_CHANGES",
     "DELIVERIES",
     "DELIVERY_ATTEMPTS",
     "DELIVERY_LATENCY",
@@ -244,6 +247,13 @@ UPKEEP_ERRORS = Counter(
     registry=REGISTRY,
 )
 UPKEEP_STEPS = ("retention", "expiry", "orphan_sweep", "deletion")
+DATABASE_IDENTITY_CHANGES = Counter(
+    "ductor_streams_database_identity_changes",
+    "Times this process found Postgres on another timeline (a failover or promotion) or "
+    "another cluster (system identifier) than it saw before (store/identity.py); commits "
+    "acknowledged before it may be lost unless replication was synchronous.",
+    registry=REGISTRY,
+)
 
 
 class Tally:

@@ -27,6 +27,7 @@ _TYPES: dict[type[errors.StreamsError], str] = {
     errors.CreditExhausted: error_types.CREDIT_EXHAUSTED,
     errors.IdempotencyKeyReused: error_types.IDEMPOTENCY_KEY_REUSED,
     errors.CursorExpired: error_types.CURSOR_EXPIRED,
+    errors.HistoryDiverged: error_types.HISTORY_DIVERGED,
     errors.AckRegression: error_types.ACK_REJECTED,
     errors.AckInFuture: error_types.ACK_REJECTED,
     errors.ObjectNotUploaded: error_types.OBJECT_REJECTED,

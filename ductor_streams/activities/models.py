@@ -96,6 +96,9 @@ class StreamRecord:
     payload: Any = None
     object: dict[str, Any] | None = None
     appended_at: str | None = None
+    # The record's fingerprint, as HTTP reads show it (store/fingerprint.py): a reader
+    # that resumes after this record sends it to learn whether the stream still has it.
+    fingerprint: str | None = None
 
 
 @dataclass

@@ -22,6 +22,7 @@ from ductor_streams.definitions import parse_definition
 from ductor_streams.errors import EgressDenied
 from ductor_streams.runtime import Runtime, open_runtime
 from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
+from ductor_streams.store.fingerprint import record_fingerprint
 
 
 class StreamsActivities:
@@ -164,6 +165,7 @@ class StreamsActivities:
                     payload=json.loads(r.payload),
                     object=r.object,
                     appended_at=r.appended_at.isoformat(),
+                    fingerprint=record_fingerprint(r.sequence, r.appended_at, r.size),
                 )
             )
         return models.ReadResult(

@@ -11,6 +11,7 @@ from ductor_streams.client.errors import (
     ConnectionLostError,
     CreditExhaustedError,
     CursorExpiredError,
+    HistoryDivergedError,
 )
 
 __all__ = [
@@ -19,6 +20,7 @@ __all__ = [
     "ConnectionLostError",
     "CreditExhaustedError",
     "CursorExpiredError",
+    "HistoryDivergedError",
     "Page",
     "Record",
     "StreamsClient",

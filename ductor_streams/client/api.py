@@ -39,32 +39,45 @@ TokenProvider = Callable[[], str | Awaitable[str]]
 
 @dataclass(frozen=True, slots=True)
 class Record:
-    """A record as the API returns it (``appended_at`` is ISO 8601 text)."""
+    """A record as the API returns it (``appended_at`` is ISO 8601 text).
+
+    ``fingerprint`` is opaque: keep it beside the sequence and send it back when resuming
+    after this record (``read(..., fingerprint=)``, ``subscribe(..., fingerprint=)``), and
+    the server says ``HistoryDivergedError`` if the stream no longer has this record (a
+    database failover lost commits). None from a server that does not send one."""
 
     sequence: int
     payload: Any
     size: int
     appended_at: str
     object: dict[str, Any] | None
+    fingerprint: str | None = None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> Record:
+        fingerprint = data.get("fingerprint")
         return cls(
             sequence=int(data["sequence"]),
             payload=data["payload"],
             size=int(data["size"]),
             appended_at=str(data["appended_at"]),
             object=data.get("object"),
+            fingerprint=str(fingerprint) if fingerprint is not None else None,
         )
 
 
 @dataclass(frozen=True, slots=True)
 class Page:
+    """A page of records. ``next_cursor`` and ``next_fingerprint`` are where to resume:
+    the last record's sequence and fingerprint, or the cursor and fingerprint read after
+    when the page is empty."""
+
     records: list[Record]
     next_cursor: int
     earliest_sequence: int
     latest_sequence: int
     closed: bool
+    next_fingerprint: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,22 +194,34 @@ class StreamsClient:
         cursor: int = 0,
         limit: int = 100,
         *,
+        fingerprint: str | None = None,
         retry_budget: float | None = None,
     ) -> Page:
-        """One page of records with ``sequence > cursor``."""
+        """One page of records with ``sequence > cursor``.
+
+        ``fingerprint``: that of the record at ``cursor`` (``Record.fingerprint``, or
+        the previous page's ``next_fingerprint``), to learn whether the stream still has
+        it: ``HistoryDivergedError`` when not (a failover lost commits), instead of
+        records that do not follow on from it. Only with a cursor above 0.
+        """
+        params: dict[str, Any] = {"cursor": cursor, "limit": limit}
+        if fingerprint is not None:
+            params["fingerprint"] = fingerprint
         response = await self._call(
             "GET",
             self.stream_path(run_id, stream_id) + "/records",
-            params={"cursor": cursor, "limit": limit},
+            params=params,
             retry_budget=retry_budget,
         )
         data = response.json()
+        records = [Record.from_json(r) for r in data["records"]]
         return Page(
-            records=[Record.from_json(r) for r in data["records"]],
+            records=records,
             next_cursor=int(data["next_cursor"]),
             earliest_sequence=int(data["earliest_sequence"]),
             latest_sequence=int(data["latest_sequence"]),
             closed=bool(data["closed"]),
+            next_fingerprint=records[-1].fingerprint if records else fingerprint,
         )
 
     async def ack(
@@ -231,6 +256,7 @@ class StreamsClient:
         stream_id: str,
         cursor: int = 0,
         *,
+        fingerprint: str | None = None,
         reconnect_budget: float = 60.0,
         idle_timeout: float = 45.0,
     ) -> AsyncIterator[Record]:
@@ -241,6 +267,11 @@ class StreamsClient:
         (``ConnectionLostError``). A connection silent for ``idle_timeout`` seconds
         (the server sends keepalives at least every 15 s) counts as lost. Raises
         ``CursorExpiredError`` when retention removed records not yet received.
+
+        Each reconnect sends the fingerprint of the last record received (and the first
+        connect ``fingerprint``, that of the record at ``cursor``, when given): raises
+        ``HistoryDivergedError`` when the stream no longer has that record (a database
+        failover lost commits), rather than carry on after records it never had.
         """
         from ductor_streams.client.subscribe import follow
 
@@ -248,6 +279,7 @@ class StreamsClient:
             self,
             self.stream_path(run_id, stream_id) + "/subscribe",
             cursor,
+            fingerprint=fingerprint,
             reconnect_budget=reconnect_budget,
             idle_timeout=idle_timeout,
         )

@@ -30,6 +30,23 @@ class CursorExpiredError(ApiError):
         self.resync_reason = str(problem.get("resync_reason", "retention"))
 
 
+class HistoryDivergedError(ApiError):
+    """HTTP 409 ``history_diverged``: the stream's record at the cursor is not the one
+    whose fingerprint was sent, so the stream's history changed after it was read (a
+    database failover lost commits, or a restore). Records after the cursor may not be
+    the ones expected: re-read from cursor 0 (or from the last record whose fingerprint
+    still matches) and reconcile what was derived from the records since.
+    """
+
+    def __init__(self, status: int, problem: dict[str, Any]) -> None:
+        super().__init__(status, problem)
+        self.sequence = int(problem.get("sequence", 0))
+        self.fingerprint = problem.get("fingerprint")
+        self.stored_fingerprint = problem.get("stored_fingerprint")
+        self.earliest_sequence = int(problem.get("earliest_sequence", 1))
+        self.latest_sequence = int(problem.get("latest_sequence", 0))
+
+
 class CreditExhaustedError(ApiError):
     """HTTP 429: consumers must acknowledge first; the retry budget ran out."""
 
@@ -48,6 +65,8 @@ def error_from(status: int, problem: Any, retry_after: float | None = None) -> A
         problem = {"code": "http_error", "detail": str(problem)[:200]}
     if problem.get("code") == "cursor_expired" and "earliest_sequence" in problem:
         return CursorExpiredError(status, problem)
+    if problem.get("code") == "history_diverged":
+        return HistoryDivergedError(status, problem)
     if status == 429:
         return CreditExhaustedError(status, problem, retry_after or 1.0)
     return ApiError(status, problem)

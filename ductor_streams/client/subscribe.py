@@ -26,6 +26,7 @@ async def follow(
     path: str,
     cursor: int,
     *,
+    fingerprint: str | None = None,
     reconnect_budget: float,
     idle_timeout: float,
 ) -> AsyncIterator[Record]:
@@ -38,6 +39,9 @@ async def follow(
     )
 
     last = cursor
+    # The fingerprint of the record at ``last``, sent with it: the server answers
+    # history_diverged when the stream no longer has that record.
+    last_fingerprint = fingerprint if cursor else None
     delay = FIRST_BACKOFF
     retry_after: float | None = None  # the last refusal's Retry-After
     down_since: float | None = None
@@ -48,8 +52,14 @@ async def follow(
     while True:
         try:
             headers = {**client.auth_headers, "Last-Event-ID": str(last)}
+            params = {"fingerprint": last_fingerprint} if last_fingerprint is not None else None
             async with aconnect_sse(
-                client.http, "GET", client.url(path), headers=headers, timeout=timeout
+                client.http,
+                "GET",
+                client.url(path),
+                headers=headers,
+                params=params,
+                timeout=timeout,
             ) as source:
                 response = source.response
                 if response.status_code != 200:
@@ -81,6 +91,7 @@ async def follow(
                         if record.sequence <= last:
                             continue  # never repeat, whatever happens to the connection
                         last = record.sequence
+                        last_fingerprint = record.fingerprint
                         yield record
                     elif event.event == "end":
                         return

@@ -13,6 +13,7 @@ from litestar import Request, Response
 from ductor_streams.errors import InvalidBody
 from ductor_streams.redaction import redact_json_text
 from ductor_streams.store import Page, PageText, Record
+from ductor_streams.store.fingerprint import epoch_micros, record_fingerprint
 
 _encoder = msgspec.json.Encoder()
 
@@ -107,10 +108,13 @@ def record_json(record: Record, redaction: list[str]) -> dict[str, Any]:
         "size": record.size,
         "appended_at": record.appended_at.isoformat(),
         "object": record.object,
+        "fingerprint": record_fingerprint(record.sequence, record.appended_at, record.size),
     }
 
 
-_RECORD = b'{"sequence":%d,"payload":%b,"size":%d,"appended_at":"%b","object":null}'
+_RECORD = (
+    b'{"sequence":%d,"payload":%b,"size":%d,"appended_at":"%b","object":null,"fingerprint":"%x-%x"}'
+)
 
 
 def encode_record(record: Record, redaction: list[str]) -> bytes:
@@ -118,11 +122,15 @@ def encode_record(record: Record, redaction: list[str]) -> bytes:
     bytes format, the same bytes msgspec writes for its dict (tests/speed/test_read_text.py),
     without building the dict: the SSE backfill encodes every record this way."""
     if not redaction and record.object is None:
+        # The fingerprint's two hex numbers as store.fingerprint.record_fingerprint
+        # writes them, formatted here with the rest.
         return _RECORD % (
             record.sequence,
             record.payload.encode(),
             record.size,
             _isoformat(record.appended_at),
+            epoch_micros(record.appended_at) ^ record.sequence,
+            record.size,
         )
     return _encoder.encode(record_json(record, redaction))
 

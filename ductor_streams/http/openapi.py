@@ -41,6 +41,7 @@ from ductor_streams.objects.models import MAX_OBJECT_BYTES, MEDIA_TYPE_PATTERN
 from ductor_streams.ops.filters import MAX_AGE_SECONDS
 from ductor_streams.store.browse import PAGE_PATTERN as STREAM_PAGE_PATTERN
 from ductor_streams.store.encoding import MAX_BATCH_RECORDS
+from ductor_streams.store.fingerprint import FINGERPRINT_PATTERN
 
 MOUNT = API_MOUNT
 REF = "#/components/schemas/{name}"
@@ -120,6 +121,8 @@ RECORD = _obj(
         "size": _INT,
         "appended_at": _TIME,
         "object": {"type": ["object", "null"]},
+        # Opaque: sent back as ``fingerprint=`` when resuming after this record.
+        "fingerprint": {"type": "string", "pattern": FINGERPRINT_PATTERN},
     }
 )
 STREAM_VIEW = _obj(
@@ -160,6 +163,7 @@ DELIVERY_DETAIL = {
             {
                 "size": {"type": ["integer", "null"], "minimum": 0},
                 "appended_at": _TIME_OR_NULL,
+                "fingerprint": {"type": ["string", "null"], "pattern": FINGERPRINT_PATTERN},
                 "payload_visible": {"type": "boolean"},
                 "payload_hidden_reason": _STR_OR_NULL,
             },
@@ -245,7 +249,8 @@ SSE_DESCRIPTION = (
     " ends after `end` (`data`: SseEnd, the stream is closed and everything was sent),"
     " `error` (`data`: a Problem, `cursor_expired` when retention overtook the"
     " subscriber) or `reconnect` (`data`: SseReconnect; the server shuts down or the token"
-    " expired: reconnect with `Last-Event-ID`)."
+    " expired: reconnect with `Last-Event-ID`, and `fingerprint=` the last record's"
+    " fingerprint: 409 `history_diverged` when the stream no longer has that record)."
 )
 
 
@@ -304,7 +309,8 @@ _SAME_OBJECT = {**_SAME_STREAM, "object_id": "$request.path.object_id"}
 _STREAM_LINKS = {
     "GetStream": _link("getStream", "The stream just defined", **_CREATED_STREAM),
     "AppendRecords": _link("appendRecords", "Append to it", **_CREATED_STREAM),
-    "ReadRecords": _link("readRecords", "Read it from the start", **_CREATED_STREAM),
+    # From cursor 0: whatever else a request carries (a fingerprint is not checked at 0).
+    "ReadRecords": _link("readRecords", "Read it from the start", cursor=0, **_CREATED_STREAM),
     "AckFirstConsumer": _link(
         "ackConsumer",
         "Acknowledge what its first declared consumer has read (nothing yet)",
@@ -373,6 +379,10 @@ _CURSOR_ERRORS = {
     "400": ["invalid_cursor", "cursor_in_future"],
     "410": ["cursor_expired"],
 }
+# ``fingerprint=``: that of the record at the cursor (cursor >= 1), as the record's JSON
+# carried it; 409 when the stream's record there differs (store/fingerprint.py).
+_FINGERPRINT = {"type": "string", "pattern": FINGERPRINT_PATTERN}
+_FINGERPRINT_ERRORS = {"400": ["invalid_fingerprint"], "409": ["history_diverged"]}
 OPERATIONS: dict[tuple[str, str], OperationDoc] = {
     ("post", "/runs/{run_id}/streams"): OperationDoc(
         "createStream",
@@ -441,17 +451,26 @@ OPERATIONS: dict[tuple[str, str], OperationDoc] = {
                 }
             )
         },
-        query={"cursor": _CURSOR, "limit": _LIMIT},
-        errors=_errors(_IN_RUN, _READ, _CURSOR_ERRORS, {"400": ["invalid_limit"]}, _TOO_MANY_READS),
+        query={"cursor": _CURSOR, "limit": _LIMIT, "fingerprint": _FINGERPRINT},
+        errors=_errors(
+            _IN_RUN,
+            _READ,
+            _CURSOR_ERRORS,
+            {"400": ["invalid_limit"]},
+            _TOO_MANY_READS,
+            _FINGERPRINT_ERRORS,
+        ),
     ),
     ("get", "/runs/{run_id}/streams/{stream_id}/subscribe"): OperationDoc(
         "subscribe",
         answers={"200": {"type": "string", "description": SSE_DESCRIPTION}},
         answer_media_type="text/event-stream",
         answer_description=SSE_DESCRIPTION,
-        query={"cursor": _CURSOR},
+        query={"cursor": _CURSOR, "fingerprint": _FINGERPRINT},
         headers={"Last-Event-ID": {"type": "string", "pattern": "^[0-9]{1,18}$"}},
-        errors=_errors(_IN_RUN, _READ, _CURSOR_ERRORS, {"429": ["too_many_live_reads"]}),
+        errors=_errors(
+            _IN_RUN, _READ, _CURSOR_ERRORS, {"429": ["too_many_live_reads"]}, _FINGERPRINT_ERRORS
+        ),
     ),
     ("post", "/runs/{run_id}/streams/{stream_id}/consumers/{consumer_id}/ack"): OperationDoc(
         "ackConsumer",
@@ -652,7 +671,9 @@ def _components() -> dict[str, Any]:
         },
     )
     # A problem may carry members of its own (cursor_expired: requested_sequence,
-    # earliest_sequence, latest_sequence, resync_reason; others later).
+    # earliest_sequence, latest_sequence, resync_reason; history_diverged: sequence,
+    # fingerprint, stored_fingerprint, earliest_sequence, latest_sequence,
+    # resync_reason; others later).
     problem["additionalProperties"] = True
     return {
         **structs,

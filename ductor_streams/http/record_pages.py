@@ -39,11 +39,14 @@ async def page_body(
     after: int,
     count: int,
     piece_bytes: int,
+    fingerprint: str | None = None,
 ) -> tuple[bytes, AsyncIterator[bytes] | None]:
     """The page of at most ``count`` records after ``after``: ``(body, None)`` when its
-    first piece holds it all, else ``(b"", pieces)``."""
+    first piece holds it all, else ``(b"", pieces)``. With ``fingerprint`` (of the record
+    the reader saw at ``after``), HistoryDiverged when the stream's record there differs:
+    the text read checks it in its own statement, the record-by-record read looks first."""
     if not redaction:
-        text = await store.read_text(ref, after, count, piece_bytes)
+        text = await store.read_text(ref, after, count, piece_bytes, fingerprint)
         if text is not None:
             if text.complete:
                 return page_text_json(text), None
@@ -62,6 +65,8 @@ async def page_body(
                 tail,
                 piece_bytes,
             )
+    elif fingerprint is not None:
+        await store.verify_fingerprint(ref, after, fingerprint)
     page = await store.read(ref, after, count, piece_bytes)
     # Sequences are dense: the page is after+1 .. after+count, up to the latest.
     page_last = min(after + count, page.latest_sequence) if page.records else after

@@ -109,6 +109,7 @@ async def answer_records(
                 stream_id,
                 query.get("cursor"),
                 query.get("limit"),
+                query.get("fingerprint"),
             )
     except ClientGone:
         return 0

@@ -14,6 +14,7 @@ from litestar import Request, Response, get
 from ductor_streams import metrics
 from ductor_streams.http.state import runtime_of
 from ductor_streams.store.db import DRIVER_ERRORS
+from ductor_streams.store.identity import check_identity
 
 log = logging.getLogger(__name__)
 
@@ -22,7 +23,11 @@ log = logging.getLogger(__name__)
 async def prometheus_metrics(request: Request[Any, Any, Any]) -> Response[bytes]:
     """Every metric of this process, plus delivery states read from Postgres now."""
     try:
-        await metrics.refresh_from_database(runtime_of(request).pool)
+        pool = runtime_of(request).pool
+        # The database's identity too: a pooler may keep the pool's connections
+        # through a failover, so new connections alone would not show it.
+        await check_identity(pool)
+        await metrics.refresh_from_database(pool)
     except (*DRIVER_ERRORS, TimeoutError) as exc:
         # The process's own counters are still worth a scrape; the gauges keep their
         # last values.

@@ -29,6 +29,7 @@ from ductor_streams.http.state import runtime_of
 from ductor_streams.ops import filters
 from ductor_streams.redaction import redact_json_text
 from ductor_streams.store import StreamKey
+from ductor_streams.store.fingerprint import record_fingerprint
 
 STATIC_DIR = Path(__file__).with_name("static")
 DELIVERY = "/ops/deliveries/{delivery_id:str}"
@@ -83,9 +84,16 @@ async def show_delivery(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 
 async def _record_json(request: Request[Any, Any, Any], detail: ops.DeliveryDetail) -> Any:
+    at, size = detail.record_appended_at, detail.record_size
     record: dict[str, Any] = {
-        "size": detail.record_size,
-        "appended_at": detail.record_appended_at.isoformat() if detail.record_appended_at else None,
+        "size": size,
+        "appended_at": at.isoformat() if at else None,
+        # The record's fingerprint as reads show it (None once retention removed it).
+        "fingerprint": (
+            record_fingerprint(detail.delivery.sequence, at, size)
+            if at is not None and size is not None
+            else None
+        ),
     }
     payload, hidden = await _visible_payload(request, detail)
     if payload is None:

@@ -29,6 +29,7 @@ from ductor_streams.http.write_budget import BudgetedBody
 from ductor_streams.runtime import Runtime
 from ductor_streams.store import Store
 from ductor_streams.store.gone import CallerGone
+from ductor_streams.store.fingerprint import parse_fingerprint
 
 # 1,000 records of 64 KiB, with room for JSON escapes in the request's own encoding.
 MAX_APPEND_BODY = 80 * 1024 * 1024
@@ -88,6 +89,7 @@ async def read_answer(
     stream_id: str,
     cursor: str | None,
     limit: str | None,
+    fingerprint: str | None = None,
 ) -> Answer:
     """A page of records after ``cursor`` (already authenticated with ``streams:read``).
 
@@ -98,9 +100,13 @@ async def read_answer(
     Python object per record and field took over half the server's time of a catch-up
     read. A page with an object reference, or a reader with redaction, is read and
     encoded record by record. A page larger than ``DUCTOR_STREAMS_READ_PIECE_BYTES`` is
-    read and sent a piece at a time (http/record_pages.py)."""
+    read and sent a piece at a time (http/record_pages.py).
+
+    ``fingerprint`` (the ``fingerprint=`` parameter: the record the reader saw at the
+    cursor) makes the read 409 ``history_diverged`` when the stored record differs."""
     after = parse_cursor(cursor)
     count = parse_limit(limit)
+    seen = parse_fingerprint(fingerprint, after)
     store = runtime.store
     settings = runtime.settings
     ref = await resolve_stream(store, principal, run_id, stream_id, "read", "GET")
@@ -109,7 +115,7 @@ async def read_answer(
     slot = await runtime.reads.admit(principal.tenant)
     try:
         body, pieces = await page_body(
-            store, ref, redaction, after, count, settings.read_piece_bytes
+            store, ref, redaction, after, count, settings.read_piece_bytes, seen
         )
     except BaseException:
         slot.release()
@@ -150,7 +156,8 @@ async def append_records(request: Request[Any, Any, Any]) -> Response[bytes]:
 
 @get(STREAM + "/records", opt={"scope": "streams:read"})
 async def read_records(request: Request[Any, Any, Any]) -> Response[Any]:
-    """Records with ``sequence > cursor``, ascending, at most ``limit``."""
+    """Records with ``sequence > cursor``, ascending, at most ``limit``; with
+    ``fingerprint``, 409 ``history_diverged`` unless the record at the cursor matches."""
     runtime = runtime_of(request)
     answer = await read_answer(
         runtime,
@@ -159,6 +166,7 @@ async def read_records(request: Request[Any, Any, Any]) -> Response[Any]:
         request.path_params["stream_id"],
         request.query_params.get("cursor"),
         request.query_params.get("limit"),
+        request.query_params.get("fingerprint"),
     )
     if answer.pieces is None:
         return answer.to_response()

@@ -44,6 +44,7 @@ from ductor_streams.http.state import runtime_in
 from ductor_streams.live.events import Draining, End, Expired, LiveBatch, TokenExpired
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.subscription import Subscription
+from ductor_streams.store.fingerprint import parse_fingerprint
 from ductor_streams.store.read_frames import FramedPage
 
 KEEPALIVE = b": keepalive\n\n"
@@ -79,8 +80,11 @@ def subscribe_cursor(request: Request[Any, Any, Any]) -> int:
 
 @get(STREAM + "/subscribe", opt={"scope": "streams:read"}, media_type="text/event-stream")
 async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
-    """Follow the stream live from the cursor, as Server-Sent Events."""
+    """Follow the stream live from the cursor, as Server-Sent Events; with
+    ``fingerprint`` (of the record at the cursor), 409 ``history_diverged`` unless the
+    stream's record there matches."""
     cursor = subscribe_cursor(request)
+    fingerprint = parse_fingerprint(request.query_params.get("fingerprint"), cursor)
     ref = await stream_for(request, "read")
     check_egress(request, ref)
     principal = principal_of(request)
@@ -93,7 +97,9 @@ async def subscribe(request: Request[Any, Any, Any]) -> SseStream:
     try:
         # Without redaction, Postgres writes the backfill's record events
         # (store/read_frames.py).
-        subscription = await followers.subscribe(ref.stream_pk, cursor, sse_frames=not redaction)
+        subscription = await followers.subscribe(
+            ref.stream_pk, cursor, sse_frames=not redaction, fingerprint=fingerprint
+        )
     except BaseException:
         if live_read is not None:
             live_read.close()

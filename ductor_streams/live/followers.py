@@ -28,7 +28,7 @@ from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.models import Page, Record
 from ductor_streams.store.outage import report_unavailable
-from ductor_streams.store.read import read_page
+from ductor_streams.store.read import read_page, verify_fingerprint
 from ductor_streams.store.read_frames import FramedPage, read_sse_frames
 
 log = logging.getLogger(__name__)
@@ -54,7 +54,12 @@ class Followers:
         self.detected_by = f"live@{socket.gethostname()}:{os.getpid()}"
 
     async def subscribe(
-        self, stream_pk: int, cursor: int, *, sse_frames: bool = False
+        self,
+        stream_pk: int,
+        cursor: int,
+        *,
+        sse_frames: bool = False,
+        fingerprint: str | None = None,
     ) -> Subscription:
         """Register a subscriber after ``cursor``, then read its first page.
 
@@ -62,8 +67,12 @@ class Followers:
         NotFound), before anything is sent; the caller must ``release`` the returned
         subscription when done with it. With ``sse_frames`` (the native SSE response of
         a reader without redaction) the subscription's own pages come as ``FramedPage``s
-        of SSE record events that Postgres wrote (store/read_frames.py).
+        of SSE record events that Postgres wrote (store/read_frames.py). With
+        ``fingerprint`` (of the record the subscriber saw at ``cursor``), first
+        HistoryDiverged when the stream's record there differs (store/fingerprint.py).
         """
+        if fingerprint is not None:
+            await verify_fingerprint(self._pool, stream_pk, cursor, fingerprint)
         follower = self._followers.get(stream_pk)
         if follower is None:
             follower = await self._start_follower(stream_pk)

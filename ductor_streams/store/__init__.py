@@ -34,6 +34,7 @@ from ductor_streams.store.read import (
     read_page_text,
     read_range,
     read_range_text,
+    verify_fingerprint,
 )
 from ductor_streams.store.receipts import Receipt, receipts_with_prefix
 from ductor_streams.store.wakes import WakeSender
@@ -145,12 +146,20 @@ class Store:
         return await read_page(self.pool, ref.stream_pk, cursor, limit, max_bytes)
 
     async def read_text(
-        self, ref: StreamRef, cursor: int, limit: int, max_bytes: int = WHOLE_PAGE
+        self,
+        ref: StreamRef,
+        cursor: int,
+        limit: int,
+        max_bytes: int = WHOLE_PAGE,
+        fingerprint: str | None = None,
     ) -> PageText | None:
         """``read`` with the records as the API's JSON text (``store.read.read_page_text``:
         with ``max_bytes``, the page's first piece); None when the page must be read with
-        ``read`` (a record refers to an object)."""
-        return await read_page_text(self.pool, ref.stream_pk, cursor, limit, max_bytes)
+        ``read`` (a record refers to an object). With ``fingerprint``, HistoryDiverged
+        when the record at ``cursor`` differs."""
+        return await read_page_text(
+            self.pool, ref.stream_pk, cursor, limit, max_bytes, fingerprint
+        )
 
     async def read_range_text(
         self, ref: StreamRef, after: int, last: int, max_bytes: int
@@ -163,6 +172,11 @@ class Store:
     ) -> list[Record]:
         """``read_range_text``'s records as values (``store.read.read_range``)."""
         return await read_range(self.pool, ref.stream_pk, after, last, max_bytes)
+
+    async def verify_fingerprint(self, ref: StreamRef, cursor: int, fingerprint: str) -> None:
+        """HistoryDiverged when the record at ``cursor`` is not the one whose
+        ``fingerprint`` the reader has (``store.read.verify_fingerprint``)."""
+        await verify_fingerprint(self.pool, ref.stream_pk, cursor, fingerprint)
 
     async def receipts(self, ref: StreamRef, key_prefix: str) -> list[Receipt]:
         """The stream's append receipts whose idempotency key starts with ``key_prefix``."""

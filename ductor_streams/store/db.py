@@ -13,6 +13,7 @@ import asyncpg
 
 from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
 from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsError
+from ductor_streams.store.identity import check_identity
 from ductor_streams.store.unnamed import UnnamedStatementConnection
 from ductor_streams.store.warm import warm_connection
 
@@ -41,7 +42,8 @@ async def create_pool(
 ) -> asyncpg.Pool:
     """A pool for the store. Connections are cheap to release (see ``_reset``).
     ``warm``: each new connection runs the append statements once before it serves
-    (store/warm.py), as the store's own pool does.
+    (store/warm.py), as the store's own pool does, after its database identity was
+    compared with the one the process saw before (store/identity.py).
 
     ``pooler="transaction"``: ``dsn`` goes through a transaction pooler (PgBouncer in
     ``pool_mode = transaction``) that may run each transaction on another server
@@ -57,7 +59,7 @@ async def create_pool(
     instead of failing: requests answer 503 ``database_unavailable`` and ``/readyz`` 503
     until it answers, and then connections open as requests need them.
     """
-    init = warm_connection if warm else None
+    init = _open_store_connection if warm else None
     options = _POOLER_OPTIONS[pooler]
     try:
         pool = await _open_pool(dsn, min_size, max_size, init, options)
@@ -72,6 +74,13 @@ async def create_pool(
     _POOLS[:] = [p for p in _POOLS if not p.is_closing()]
     _POOLS.append(pool)
     return pool
+
+
+async def _open_store_connection(conn: asyncpg.Connection) -> None:
+    # Which cluster and timeline a new connection reaches (a failover shows as a new
+    # one: store/identity.py), then the warm-up.
+    await check_identity(conn)
+    await warm_connection(conn)
 
 
 async def _open_pool(

@@ -9,6 +9,7 @@ import asyncpg
 
 from ductor_streams.errors import CursorExpired, CursorInFuture, NotFound
 from ductor_streams.schema import QUERIES
+from ductor_streams.store.fingerprint import check_fingerprint
 from ductor_streams.store.models import Page, Record
 
 
@@ -104,18 +105,30 @@ async def read_page_text(
     cursor: int,
     limit: int,
     max_bytes: int = WHOLE_PAGE,
+    fingerprint: str | None = None,
 ) -> PageText | None:
     """``read_page`` with the records as JSON text, for a reader without redaction; None
     when a record of the page (of its first piece) refers to an object (then
     ``read_page`` reads it). Only the records that start within ``max_bytes`` payload
     bytes of the first (at least one) are read: the rest of the page, up to its
-    ``next_cursor``, is read a piece at a time with ``read_range_text``."""
+    ``next_cursor``, is read a piece at a time with ``read_range_text``.
+
+    With ``fingerprint`` (of the record the reader saw at ``cursor``) the same statement
+    looks that record up: HistoryDiverged when it is not the stream's
+    (``store.fingerprint.check_fingerprint``), before any page is returned."""
     row = await pool.fetchrow(
-        QUERIES["records_read_page_json"], stream_pk, cursor, limit, max_bytes
+        QUERIES["records_read_page_json"],
+        stream_pk,
+        cursor,
+        limit,
+        max_bytes,
+        fingerprint is not None,
     )
     if row is None:
         raise NotFound("stream does not exist")
     earliest, latest = row["earliest_sequence"], row["latest_sequence"]
+    if fingerprint is not None:
+        check_fingerprint(cursor, fingerprint, row["cursor_fingerprint"], earliest, latest)
     check_cursor(cursor, earliest, latest)
     if row["has_objects"]:
         return None
@@ -170,3 +183,19 @@ async def read_range(
         )
         for r in rows
     ]
+
+
+async def verify_fingerprint(
+    pool: asyncpg.Pool | asyncpg.Connection, stream_pk: int, cursor: int, fingerprint: str
+) -> None:
+    """Whether the record the reader saw at ``cursor`` (its ``fingerprint``) is still
+    the stream's: returns when it is (or retention removed it), raises HistoryDiverged
+    when not, and what a read after ``cursor`` raises first (NotFound, CursorExpired).
+    One primary-key lookup, for the paths whose own read cannot carry it (a subscribe's
+    start, a read with redaction)."""
+    row = await pool.fetchrow(QUERIES["record_fingerprint_at"], stream_pk, cursor)
+    if row is None:
+        raise NotFound("stream does not exist")
+    earliest, latest = row["earliest_sequence"], row["latest_sequence"]
+    check_fingerprint(cursor, fingerprint, row["fingerprint"], earliest, latest)
+    check_cursor(cursor, earliest, latest)

@@ -34,7 +34,7 @@ async def test_reads_strictly_after_cursor_ascending_with_limit(client, auth, ru
     assert body["next_cursor"] == 7
     assert body["latest_sequence"] == 10 and body["earliest_sequence"] == 1
     rec = body["records"][0]
-    assert set(rec) == {"sequence", "payload", "size", "appended_at", "object"}
+    assert set(rec) == {"sequence", "payload", "size", "appended_at", "object", "fingerprint"}
     assert rec["size"] == 1 and rec["object"] is None
     # default cursor 0, default limit 100
     assert [r["sequence"] for r in (await _read(client, h, run_id)).json()["records"]] == list(

@@ -63,7 +63,7 @@ async def test_backfill_then_live_exactly_once_then_resume(server, auth, run_id)
     assert got.ids == [str(s) for s in range(11, 101)]
     assert [r["payload"] for r in got.records] == [{"n": i} for i in range(11, 101)]
     first = got.records[0]
-    assert set(first) == {"sequence", "payload", "size", "appended_at", "object"}
+    assert set(first) == {"sequence", "payload", "size", "appended_at", "object", "fingerprint"}
     assert first["size"] == len(b'{"n":11}') and first["object"] is None
 
     # Resume: Last-Event-ID wins over ?cursor=.

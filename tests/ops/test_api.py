@@ -10,6 +10,7 @@ import asyncpg
 
 from ductor_streams.auth import SCOPES
 from ductor_streams.schema import QUERIES
+from tests.conftest import API
 from tests.ops.helpers import (
     OPS,
     append,
@@ -306,6 +307,13 @@ async def test_show_gives_the_payload_only_to_callers_who_may_read_it(client, au
         scopes=["streams:ops", "streams:read", "streams:read_unredacted"], sub="oncall"
     )
     assert full["payload"] == {"user": {"email": "a@example.com", "name": "A"}}
+    # The record's fingerprint, whatever the caller may see of its payload, as reads show it.
+    reader = auth(tenant=tenant, sub="reader")
+    read = await client.get(f"{API}/runs/run-s/streams/in/records", headers=reader)
+    assert read.status_code == 200, read.text
+    [stored] = read.json()["records"]
+    assert plain["fingerprint"] == redacted["fingerprint"] == full["fingerprint"]
+    assert full["fingerprint"] == stored["fingerprint"]
 
     not_reader = await record(scopes=["streams:ops", "streams:read"], sub="someone")
     assert not_reader["payload_visible"] is False and "payload" not in not_reader

@@ -13,6 +13,7 @@ import pytest
 from ductor_streams.errors import CursorExpired, CursorInFuture, NotFound
 from ductor_streams.http.codec import encode_json, encode_record, page_json, page_text_json
 from ductor_streams.store import Store
+from ductor_streams.store.fingerprint import record_fingerprint
 from ductor_streams.store.models import Record, StreamRef
 from ductor_streams.store.read import read_page, read_page_text
 from tests.support.read_streams import PAYLOADS, edge_stream
@@ -102,6 +103,7 @@ def test_a_record_encodes_as_its_dict_does(payload: object, at: datetime) -> Non
             "size": len(raw),
             "appended_at": at.isoformat(),
             "object": None,
+            "fingerprint": record_fingerprint(42, at, len(raw)),
         }
     )
     assert encode_record(record, []) == dict_path

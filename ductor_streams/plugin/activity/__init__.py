@@ -133,6 +133,7 @@ def stream_reader(
     *,
     run_id: str | None = None,
     cursor: int | None = None,
+    fingerprint: str | None = None,
     idle_heartbeat: float = 1.0,
 ) -> StreamReader:
     """An async iterator (and async context manager, which releases it) over the
@@ -141,6 +142,13 @@ def stream_reader(
     closed and everything was read. A retried attempt starts after the last record the
     previous attempt consumed, when that is later than ``cursor``. While nothing
     arrives it heartbeats every ``idle_heartbeat`` seconds.
+
+    ``fingerprint``: that of the record at ``cursor`` (``StreamRecord.fingerprint``),
+    when the caller has it. The reader resumes with the fingerprint of the last record
+    it has (a retried attempt, one from the previous attempt's heartbeat; a reconnect
+    after the database went away, its own): when the stream's record there differs (a
+    failover lost commits), it raises ``ApplicationError`` of type
+    ``ductor_streams.HistoryDiverged`` (code ``history_diverged``, not retryable).
     """
     current = StreamsActivities.current()
     return StreamReader(
@@ -149,6 +157,7 @@ def stream_reader(
         _run_id(run_id),
         stream_id,
         cursor=cursor,
+        fingerprint=fingerprint,
         idle_heartbeat=idle_heartbeat,
     )
 

@@ -8,8 +8,10 @@ opens (also from tasks it starts), because an activity has one set of heartbeat 
   start again at 1 after Continue-As-New, so the run ID keeps two runs' keys apart) and
   the batch counts this attempt's appends per stream;
 - the heartbeat details, one JSON object under ``"ductor_streams"``: per stream written,
-  what each attempt appended; per stream read, the last consumed sequence; and the
-  author's own value (``heartbeat``). The next attempt finds them in
+  what each attempt appended; per stream read, the last consumed sequence (``readers``)
+  and that record's fingerprint (``reader_fingerprints``: the next attempt resumes with
+  it, and learns whether the stream still has that record); and the author's own value
+  (``heartbeat``). The next attempt finds them in
   ``activity.info().heartbeat_details``.
 """
 
@@ -44,6 +46,11 @@ class AttemptState:
         # Streams read by earlier attempts keep their cursor until read again.
         self.readers: dict[str, int] = {
             k: int(v) for k, v in (previous.get("readers") or {}).items()
+        }
+        # The fingerprint of each reader's last consumed record (details before it
+        # existed have none: such a reader resumes unchecked).
+        self.reader_fingerprints: dict[str, str] = {
+            k: str(v) for k, v in (previous.get("reader_fingerprints") or {}).items()
         }
         # Per stream written: its progress, or a callable giving it (an open writer's,
         # built only when a heartbeat goes out).
@@ -95,6 +102,7 @@ class AttemptState:
             HEARTBEAT_KEY: {
                 "writers": {k: v() if callable(v) else v for k, v in self.writers.items()},
                 "readers": self.readers,
+                "reader_fingerprints": self.reader_fingerprints,
                 "user": self.user,
             }
         }

@@ -7,6 +7,12 @@ its commit. The reader heartbeats its cursor: a record counts as consumed once t
 activity asks for the next one, and a retried attempt (same activity, any worker)
 starts after the last record the previous attempt consumed. The record being handled
 when an attempt died is therefore handed out again: at least once per record, in order.
+
+Beside the cursor it keeps the fingerprint of the record there (heartbeat details too),
+and resumes with it, a retried attempt as well as a resubscription after the database
+went away (a failover): when the stream's record at the cursor is not that one, a
+failover lost commits the reader had, and it raises ``history_diverged`` rather than go
+on after records that are not the ones it consumed (store/fingerprint.py).
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ductor_streams.live.subscription import Subscription
 from ductor_streams.plugin.activity.attempt import AttemptState
 from ductor_streams.store import StreamKey, StreamRef
 from ductor_streams.store.db import database_unavailable
+from ductor_streams.store.fingerprint import parse_fingerprint, record_fingerprint
 
 # Resubscribing after the database went away waits this long, doubling up to 1 s.
 RESUBSCRIBE_DELAY_SECONDS = 0.1
@@ -43,6 +50,7 @@ class StreamReader:
         *,
         cursor: int | None,
         idle_heartbeat: float,
+        fingerprint: str | None = None,
     ) -> None:
         self._current = current
         self._state = state
@@ -52,6 +60,12 @@ class StreamReader:
         resumed = state.readers.get(self._key, 0)
         self.cursor = max(cursor or 0, resumed)
         """The last consumed sequence: the next record handed out comes after it."""
+        if resumed > (cursor or 0):  # the previous attempt's record, and its fingerprint
+            fingerprint = state.reader_fingerprints.get(self._key)
+        elif resumed and resumed == cursor:
+            fingerprint = state.reader_fingerprints.get(self._key, fingerprint)
+        self.fingerprint: str | None = fingerprint if self.cursor else None
+        """The fingerprint of the record at ``cursor`` (None: unknown, or cursor 0)."""
         self._idle = idle_heartbeat
         self._ref: StreamRef | None = None
         self._followers: Followers | None = None
@@ -59,6 +73,7 @@ class StreamReader:
         self._ready: deque[StreamRecord] = deque()
         self._handed: StreamRecord | None = None
         self._received = self.cursor  # the last sequence taken from the subscription
+        self._received_fingerprint = self.fingerprint  # and its record's fingerprint
         self._ended = False
         self._opened = False
 
@@ -81,7 +96,7 @@ class StreamReader:
         if not self._opened:
             await self._open()
         if self._handed is not None:  # asked for the next one: the last is consumed
-            self._consumed(self._handed.sequence)
+            self._consumed(self._handed)
             self._handed = None
         while not self._ready:
             if self._ended:
@@ -106,6 +121,7 @@ class StreamReader:
         current = self._current
         key = StreamKey(current.settings.tenant, self.run_id, self.stream_id)
         try:
+            parse_fingerprint(self.fingerprint, self.cursor)  # a malformed one: refused
             self._ref = await current.store.get_stream(key)
             current.check_egress(self._ref)
         except StreamsError as exc:
@@ -114,6 +130,7 @@ class StreamReader:
         self._opened = True
         self._state.opened()
         self._state.readers[self._key] = self.cursor
+        self._remember_fingerprint(self.fingerprint)
         await self._subscribe()
 
     async def _subscribe(self) -> None:
@@ -121,8 +138,11 @@ class StreamReader:
         delay = RESUBSCRIBE_DELAY_SECONDS
         while True:
             try:
+                # Resuming after a record: the stream must still have that record.
                 self._subscription = await self._followers.subscribe(
-                    self._ref.stream_pk, self._received
+                    self._ref.stream_pk,
+                    self._received,
+                    fingerprint=self._received_fingerprint if self._received else None,
                 )
                 return
             except StreamsError as exc:
@@ -170,7 +190,9 @@ class StreamReader:
             for r in batch.records:
                 if r.sequence <= self._received:
                     continue
+                fingerprint = record_fingerprint(r.sequence, r.appended_at, r.size)
                 self._received = r.sequence
+                self._received_fingerprint = fingerprint
                 self._ready.append(
                     StreamRecord(
                         stream_id=self.stream_id,
@@ -178,10 +200,19 @@ class StreamReader:
                         payload=json.loads(r.payload),
                         object=r.object,
                         appended_at=r.appended_at.isoformat(),
+                        fingerprint=fingerprint,
                     )
                 )
 
-    def _consumed(self, sequence: int) -> None:
-        self.cursor = sequence
-        self._state.readers[self._key] = sequence
+    def _consumed(self, record: StreamRecord) -> None:
+        self.cursor = record.sequence
+        self.fingerprint = record.fingerprint
+        self._state.readers[self._key] = record.sequence
+        self._remember_fingerprint(record.fingerprint)
         self._state.heartbeat()
+
+    def _remember_fingerprint(self, fingerprint: str | None) -> None:
+        if fingerprint is None:
+            self._state.reader_fingerprints.pop(self._key, None)
+        else:
+            self._state.reader_fingerprints[self._key] = fingerprint

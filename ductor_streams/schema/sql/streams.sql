@@ -54,9 +54,17 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
 -- its first one (at least that one). Sequences are dense, so the page is $2+1 .. $2+$3
 -- (up to the latest); the caller reads the rest a piece at a time (records_range_json),
 -- and a response never holds more than a piece in memory (http/write_budget.py).
+-- Each record's fingerprint is workflow_streams.record_fingerprint's (migration 0041,
+-- inlined by the planner). With $5 true, cursor_fingerprint is the fingerprint of the
+-- record at the cursor (NULL: none), for a reader that sent one (store/fingerprint.py);
+-- with $5 false its lookup is not run.
 SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,
        p.records, p.last_sequence, p.has_objects,
-       CASE WHEN NOT p.has_objects THEN p.body END AS body
+       CASE WHEN NOT p.has_objects THEN p.body END AS body,
+       CASE WHEN $5::boolean THEN
+            (SELECT workflow_streams.record_fingerprint(c.sequence, c.appended_at, c.size)
+               FROM workflow_streams.records c
+              WHERE c.stream_pk = $1 AND c.sequence = $2) END AS cursor_fingerprint
   FROM workflow_streams.streams s
  CROSS JOIN LATERAL (
         SELECT count(*) AS records, max(r.sequence) AS last_sequence,
@@ -67,7 +75,9 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
                                      CASE WHEN date_trunc('second', r.appended_at) = r.appended_at
                                           THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'
                                           ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END)
-                          || '","object":null}', ',' ORDER BY r.sequence) AS body
+                          || '","object":null,"fingerprint":"'
+                          || workflow_streams.record_fingerprint(r.sequence, r.appended_at, r.size)
+                          || '"}', ',' ORDER BY r.sequence) AS body
           FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object
                   FROM workflow_streams.records rr
                  WHERE rr.stream_pk = s.stream_pk AND rr.sequence > $2
@@ -94,7 +104,9 @@ SELECT count(*) AS records, max(r.sequence) AS last_sequence,
                              CASE WHEN date_trunc('second', r.appended_at) = r.appended_at
                                   THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'
                                   ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END)
-                  || '","object":null}', ',' ORDER BY r.sequence)
+                  || '","object":null,"fingerprint":"'
+                  || workflow_streams.record_fingerprint(r.sequence, r.appended_at, r.size)
+                  || '"}', ',' ORDER BY r.sequence)
          FILTER (WHERE r.object IS NULL) AS body
   FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object
           FROM workflow_streams.records rr
@@ -115,6 +127,16 @@ SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.object::text AS obje
                  FROM workflow_streams.records f
                 WHERE f.stream_pk = $1 AND f.sequence = $2 + 1)
  ORDER BY rr.sequence;
+-- name: record_fingerprint_at
+-- The stream's bounds and the fingerprint of its record at $2 (NULL: none), for a
+-- subscriber or reader that resumes with the fingerprint of the record it saw there
+-- (store/read.py verify_fingerprint). No row: no such stream.
+SELECT s.latest_sequence, s.earliest_sequence,
+       (SELECT workflow_streams.record_fingerprint(r.sequence, r.appended_at, r.size)
+          FROM workflow_streams.records r
+         WHERE r.stream_pk = s.stream_pk AND r.sequence = $2) AS fingerprint
+  FROM workflow_streams.streams s
+ WHERE s.stream_pk = $1;
 
 -- name: records_read_bytes
 -- records_read with a byte budget as well ($4, the sum of the records' sizes): the page
@@ -170,7 +192,9 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
                                      CASE WHEN date_trunc('second', w.appended_at) = w.appended_at
                                           THEN 'YYYY-MM-DD"T"HH24:MI:SS"+00:00"'
                                           ELSE 'YYYY-MM-DD"T"HH24:MI:SS.US"+00:00"' END)
-                          || E'","object":null}\n\n', '' ORDER BY w.sequence) AS frames
+                          || '","object":null,"fingerprint":"'
+                          || workflow_streams.record_fingerprint(w.sequence, w.appended_at, w.size)
+                          || E'"}\n\n', '' ORDER BY w.sequence) AS frames
           FROM (SELECT rr.sequence, rr.payload, rr.size, rr.appended_at, rr.cumulative_bytes
                   FROM workflow_streams.records rr
                  WHERE rr.stream_pk = $1 AND rr.sequence > $2
