@@ -13,7 +13,7 @@ from litestar import Request, Response
 from ductor_streams.errors import InvalidBody
 from ductor_streams.redaction import redact_json_text
 from ductor_streams.store import Page, PageText, Record
-from ductor_streams.store.fingerprint import epoch_micros, record_fingerprint
+from ductor_streams.store.fingerprint import record_fingerprint, stored_micros
 
 _encoder = msgspec.json.Encoder()
 
@@ -112,9 +112,10 @@ def record_json(record: Record, redaction: list[str]) -> dict[str, Any]:
     }
 
 
-_RECORD = (
-    b'{"sequence":%d,"payload":%b,"size":%d,"appended_at":"%b","object":null,"fingerprint":"%x-%x"}'
-)
+# The time's part of a record (its appended_at text and the start of its fingerprint,
+# ``_time_part``) is spliced in whole: only the sequence and size differ between the
+# records of one commit.
+_RECORD = b'{"sequence":%d,"payload":%b,"size":%d,"appended_at":"%b%x"}'
 
 
 def encode_record(record: Record, redaction: list[str]) -> bytes:
@@ -122,32 +123,34 @@ def encode_record(record: Record, redaction: list[str]) -> bytes:
     bytes format, the same bytes msgspec writes for its dict (tests/speed/test_read_text.py),
     without building the dict: the SSE backfill encodes every record this way."""
     if not redaction and record.object is None:
-        # The fingerprint's two hex numbers as store.fingerprint.record_fingerprint
-        # writes them, formatted here with the rest.
         return _RECORD % (
             record.sequence,
             record.payload.encode(),
             record.size,
-            _isoformat(record.appended_at),
-            epoch_micros(record.appended_at) ^ record.sequence,
+            _time_part(record.appended_at),
             record.size,
         )
     return _encoder.encode(record_json(record, redaction))
 
 
-# The last time written and its text: the records of one append share their appended_at
+# The last time written and its part: the records of one append share their appended_at
 # (the statement's now()), and comparing is a fraction of what isoformat() costs.
 _last_time: tuple[datetime | None, bytes] = (None, b"")
 
 
-def _isoformat(at: datetime) -> bytes:
+def _time_part(at: datetime) -> bytes:
+    """``<appended_at text>","object":null,"fingerprint":"<its 16 hex digits>-``: the
+    fingerprint as store.fingerprint.record_fingerprint writes it, up to the size."""
     global _last_time
-    last, text = _last_time
+    last, part = _last_time
     # The same instant in another zone would be written differently.
     if last is None or last != at or last.tzinfo is not at.tzinfo:
-        text = at.isoformat().encode()
-        _last_time = (at, text)
-    return text
+        part = b'%b","object":null,"fingerprint":"%016x-' % (
+            at.isoformat().encode(),
+            stored_micros(at),
+        )
+        _last_time = (at, part)
+    return part
 
 
 def page_json(page: Page, redaction: list[str]) -> dict[str, Any]:

@@ -1019,10 +1019,9 @@ $function$;
 CREATE OR REPLACE FUNCTION workflow_streams.record_fingerprint(p_sequence bigint, p_appended_at timestamp with time zone, p_size integer)
  RETURNS text
  LANGUAGE sql
- STABLE PARALLEL SAFE
+ IMMUTABLE PARALLEL SAFE
 AS $function$
-    SELECT to_hex((extract(epoch FROM p_appended_at) * 1000000)::bigint # p_sequence)
-           || '-' || to_hex(p_size)
+    SELECT encode(timestamptz_send(p_appended_at), 'hex') || '-' || to_hex(p_size)
 $function$;
 
 CREATE OR REPLACE FUNCTION workflow_streams.records_wake(p_stream_pk bigint, p_first bigint, p_payloads text[], p_sizes integer[], p_objects jsonb[])

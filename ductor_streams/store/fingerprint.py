@@ -8,13 +8,16 @@ fingerprint of the record at its cursor: when the stored record there differs, t
 answer is ``HistoryDiverged`` (HTTP 409 ``history_diverged``) instead of records that do
 not follow on from what the reader has (docs/api.md, "Fingerprints").
 
-The text is ``<hex(micros xor sequence)>-<hex(size)>``: the commit's ``appended_at`` in
-microseconds since the epoch (the transaction's ``now()``: a lost commit and the one
-that reused its sequence never share it) mixed with the sequence, and the record's size.
-No payload hash: reads and fan-out write it for every record, and this costs a fraction
-of a microsecond. Postgres writes the same text where it writes a record's JSON
-(``workflow_streams.record_fingerprint``, migration 0041); tests/live/test_fingerprints.py
-compares the two.
+The text is ``<appended_at>-<hex(size)>``: the commit's ``appended_at`` (the
+transaction's ``now()``: a lost commit and the one that reused its sequence never share
+it) as 16 hex digits, microseconds since 2000-01-01 UTC as a 64-bit two's complement
+integer (Postgres' binary form of the timestamp, which it writes without arithmetic),
+then the record's size. The sequence is left out: a fingerprint is only ever compared
+with the record stored at one sequence (records of one commit with equal sizes share
+theirs). No payload hash: reads and fan-out write it for every record, and this costs a
+fraction of a microsecond. Postgres writes
+the same text where it writes a record's JSON (``workflow_streams.record_fingerprint``,
+migration 0041); tests/live/test_fingerprints.py compares the two.
 """
 
 from __future__ import annotations
@@ -24,29 +27,40 @@ from datetime import UTC, datetime, timedelta
 
 from ductor_streams.errors import HistoryDiverged, InvalidFingerprint
 
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+# Postgres' epoch: its binary timestamps count microseconds from here.
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
-# What record_fingerprint writes (a bigint and a size in hex), and no more.
-FINGERPRINT_PATTERN = r"^[0-9a-f]{1,16}-[0-9a-f]{1,8}$"
+_INT64 = (1 << 64) - 1
+# What record_fingerprint writes (a timestamp and a size in hex), and no more.
+FINGERPRINT_PATTERN = r"^[0-9a-f]{16}-[0-9a-f]{1,8}$"
 _FINGERPRINT = re.compile(FINGERPRINT_PATTERN)
 
-# The last time converted: the records of one commit share their appended_at.
-_last: tuple[datetime | None, int] = (None, 0)
+# The last time converted, and its fingerprint part: the records of one commit share
+# their appended_at.
+_last: tuple[datetime | None, int, str] = (None, 0, "")
 
 
-def epoch_micros(at: datetime) -> int:
-    """``at`` in microseconds since the epoch (an aware datetime, as asyncpg returns)."""
+def _time(at: datetime) -> tuple[int, str]:
     global _last
-    last, micros = _last
+    last, micros, part = _last
     if last is None or last != at:
-        micros = (at - _EPOCH) // _MICROSECOND
-        _last = (at, micros)
-    return micros
+        micros = ((at - _EPOCH) // _MICROSECOND) & _INT64
+        part = f"{micros:016x}-"
+        _last = (at, micros, part)
+    return micros, part
+
+
+def stored_micros(at: datetime) -> int:
+    """``at`` as Postgres stores a timestamp (microseconds since 2000-01-01 UTC), as an
+    unsigned 64-bit number (its two's complement before 2000); ``at`` is aware, as
+    asyncpg returns it."""
+    return _time(at)[0]
 
 
 def record_fingerprint(sequence: int, appended_at: datetime, size: int) -> str:
-    """The fingerprint of the record committed at ``appended_at`` under ``sequence``."""
-    return f"{epoch_micros(appended_at) ^ sequence:x}-{size:x}"
+    """The fingerprint of the record committed at ``appended_at`` under ``sequence``
+    (which it does not hold: see the module docstring)."""
+    return f"{_time(appended_at)[1]}{size:x}"
 
 
 def parse_fingerprint(raw: str | None, cursor: int) -> str | None:

@@ -115,9 +115,14 @@ def test_the_remembered_time_is_only_reused_for_the_same_instant_and_zone() -> N
     at = datetime(2026, 1, 2, 3, 4, 5, 6, tzinfo=UTC)
     later = datetime(2026, 1, 2, 3, 4, 5, 7, tzinfo=UTC)
     elsewhere = at.astimezone(timezone(timedelta(hours=2)))
-    written = [
-        msgspec.json.decode(encode_record(Record(1, "1", 1, t, None), []))["appended_at"]
+    decoded = [
+        msgspec.json.decode(encode_record(Record(1, "1", 1, t, None), []))
         for t in (at, at, later, elsewhere, at)
+    ]
+    written = [d["appended_at"] for d in decoded]
+    # The fingerprint is of the instant, whatever the zone it is written in.
+    assert [d["fingerprint"] for d in decoded] == [
+        record_fingerprint(1, t, 1) for t in (at, at, later, at, at)
     ]
     assert written == [
         at.isoformat(),

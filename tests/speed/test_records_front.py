@@ -23,7 +23,7 @@ from tests.conftest import API, TokenFactory, unique
 
 APPENDED_AT = re.compile(r'"appended_at":"[^"]+"')
 # A record's fingerprint holds its appended_at: the two ways' streams differ in it.
-FINGERPRINT = re.compile(r"\b[0-9a-f]{11,16}-[0-9a-f]{1,8}\b")
+FINGERPRINT = re.compile(r"\b[0-9a-f]{16}-[0-9a-f]{1,8}\b")
 Case = tuple[str, str, dict[str, str], bytes]  # method, path suffix, headers, body
 
 
@@ -106,11 +106,11 @@ def _cases(auth: TokenFactory, run_id: str, tenant: str) -> list[Case]:
         ("GET", "/records?limit=1001", writer, b""),
         ("GET", "/records?limit=", writer, b""),
         ("GET", "/records?cursor=99", writer, b""),
-        ("GET", "/records?cursor=0&fingerprint=1-1", writer, b""),
+        ("GET", "/records?cursor=0&fingerprint=0000000000000001-1", writer, b""),
         ("GET", "/records?cursor=1&fingerprint=not-hex", writer, b""),
-        ("GET", "/records?cursor=1&fingerprint=1-1", writer, b""),
-        ("GET", "/records?cursor=1&fingerprint=1-1", unredacted, b""),
-        ("GET", "/records?cursor=99&fingerprint=1-1", writer, b""),
+        ("GET", "/records?cursor=1&fingerprint=0000000000000001-1", writer, b""),
+        ("GET", "/records?cursor=1&fingerprint=0000000000000001-1", unredacted, b""),
+        ("GET", "/records?cursor=99&fingerprint=0000000000000001-1", writer, b""),
         ("GET", "/records", unredacted, b""),
         ("GET", "/records", abroad, b""),
         ("GET", "/records", auth(scopes=["streams:write"]), b""),
