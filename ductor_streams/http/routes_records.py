@@ -28,8 +28,8 @@ from ductor_streams.http.state import runtime_of
 from ductor_streams.http.write_budget import BudgetedBody
 from ductor_streams.runtime import Runtime
 from ductor_streams.store import Store
-from ductor_streams.store.gone import CallerGone
 from ductor_streams.store.fingerprint import parse_fingerprint
+from ductor_streams.store.gone import CallerGone
 
 # 1,000 records of 64 KiB, with room for JSON escapes in the request's own encoding.
 MAX_APPEND_BODY = 80 * 1024 * 1024

@@ -157,9 +157,7 @@ class Store:
         with ``max_bytes``, the page's first piece); None when the page must be read with
         ``read`` (a record refers to an object). With ``fingerprint``, HistoryDiverged
         when the record at ``cursor`` differs."""
-        return await read_page_text(
-            self.pool, ref.stream_pk, cursor, limit, max_bytes, fingerprint
-        )
+        return await read_page_text(self.pool, ref.stream_pk, cursor, limit, max_bytes, fingerprint)
 
     async def read_range_text(
         self, ref: StreamRef, after: int, last: int, max_bytes: int
