@@ -38,6 +38,7 @@ DISTRIBUTION = {
     "ds_stream_writers": "stream_pk",
     "gap_evidence": "stream_pk",
     "deletion_outbox": "stream_pk",  # NULL (keys of no stream) becomes 0, see the doc
+    "tenant_streams": "tenant",  # the streams quota's counters: one row per tenant
     "schema_migrations": "reference",
 }
 DISTRIBUTED = {t for t, d in DISTRIBUTION.items() if d == "stream_pk"} | {
@@ -59,6 +60,9 @@ ONE_STREAM = {
     "records_read_page_json": ("$1", "read a page, written by Postgres"),
     "records_read_bytes": ("$1", "subscribe catch-up and a live follower's read"),
     "records_read_sse_frames": ("$1", "subscribe backfill, written by Postgres"),
+    "records_range_json": ("$1", "a later piece of a page, written by Postgres"),
+    "records_range": ("$1", "a later piece of a page, as rows"),
+    "record_fingerprint_at": ("$1", "a resuming reader's fingerprint check"),
     "ds_records_read": ("$1", "Durable Streams catch-up read"),
     "ds_stream_head": ("$1", "Durable Streams HEAD and offset=now"),
     "stream_state": ("$1", "a stream's bounds and consumers"),
@@ -66,6 +70,7 @@ ONE_STREAM = {
     "gap_evidence_insert": ("$1", "a subscriber's gap repair"),
     # acks, close, hold
     "consumer_ack": ("$1", "ack"),
+    "stream_credit_probe": ("$1", "a waiting append's look at its stream's credit"),
     "stream_close": ("$1", "close"),
     "stream_set_legal_hold": ("$1", "legal hold on one stream"),
     # object writes
@@ -77,6 +82,7 @@ ONE_STREAM = {
     "object_orphan_queue_deletion": ("$3", "bytes of an intent that moved on"),
     # delivery of one stream
     "delivery_stream_is_input": ("$1", "a wake's stream: does it owe deliveries?"),
+    "append_receipts_prune": ("$1", "upkeep: one stream's expired receipts"),
     # upkeep of one stream (the sweeps that find the streams are in CROSSES)
     "stream_prune": ("$1", "retention of one stream, queueing its objects' deletion"),
     "deletion_insert": ("$4", "one stream's orphaned keys (NULL: keys of no stream)"),
@@ -151,6 +157,8 @@ CROSSES = {
 NO_DISTRIBUTED_TABLE = {
     "append_stage_payloads": "the session's temporary table of staged payloads",
     "wake_send": "NOTIFY only; under Citus sent on the node of the stream's shard",
+    "database_identity": "the server's system identifier and timeline (pg_control_*)",
+    "health_takes_writes": "the session's transaction_read_only, for /readyz",
 }
 
 # Functions of schema.sql ("name/argument count"): pinned to the named argument, or not.
@@ -167,8 +175,16 @@ FUNCTIONS_CROSSING = {
     "append_stream_groups/10": "several streams (p_stream_pks) in one call",
     "append_stream_groups/11": "several streams (p_stream_pks) in one call",
     "delete_stream_rows/0": "trigger: the rows of every deleted stream",
+    "create_stream/9": "the tenant's counter row (tenant_streams, by tenant), then the "
+    "key and the stream: under Citus the quota check is its own statement first",
 }
-FUNCTIONS_WITHOUT_TABLES = {"records_wake", "clamped_count"}
+# (count_created_streams: a trigger that writes only tenant_streams, distributed by tenant.)
+FUNCTIONS_WITHOUT_TABLES = {
+    "records_wake",
+    "clamped_count",
+    "record_fingerprint",
+    "count_created_streams",
+}
 
 # Unique constraints (and primary keys) without the distribution column, which Citus
 # refuses on a distributed table; the doc says what each becomes.
