@@ -23,6 +23,7 @@ from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS, Settings
 from ductor_streams.doctor import decisions
 from ductor_streams.doctor.decisions import Durability, Sessions, Standby
 from ductor_streams.doctor.report import FAIL, OK, STATUSES, WARN
+from ductor_streams.schema import QUERIES
 from ductor_streams.schema.migrate import applied_versions, available_migrations
 
 # How long one client connection may wait for another's open transaction before that
@@ -203,7 +204,7 @@ async def check_listen(ctx: Context) -> Outcome:
     try:
         await listener.add_listener(channel, lambda *_: arrived.set())
         started = time.monotonic()
-        await sender.execute(f"NOTIFY {channel}")
+        await sender.execute(QUERIES["doctor_notify"], channel)
         try:
             await asyncio.wait_for(arrived.wait(), NOTIFY_WAIT_SECONDS)
             elapsed: float | None = (time.monotonic() - started) * 1000

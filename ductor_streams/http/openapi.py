@@ -642,7 +642,14 @@ def _components() -> dict[str, Any]:
     prepare = structs["PrepareBody"]["properties"]
     prepare["idempotency_key"].update(pattern="^[\\x20-\\x7e]{1,255}$")
     prepare["sha256"].update(pattern="^[0-9a-fA-F]{64}$")
-    prepare["size"].update(minimum=0, maximum=MAX_OBJECT_BYTES)
+    # The size limit is not a schema ``maximum``: a size over it is well-formed and is
+    # refused as what it is, 413 object_too_large (the contract's status), which a
+    # ``maximum`` would make a validation error (400/422) in a client's or fuzzer's eyes.
+    prepare["size"].update(
+        minimum=0,
+        description=f"The object's size in bytes: at most {MAX_OBJECT_BYTES:,}; over it, "
+        "`413 object_too_large`.",
+    )
     prepare["content_type"].update(pattern=MEDIA_TYPE_PATTERN, maxLength=255)
     prepare["schema"] = {
         "anyOf": [{"type": "string", "minLength": 1, "maxLength": 255}, {"type": "null"}]

@@ -51,16 +51,15 @@ class PrepareRequest:
         region: str | None,
         metadata: dict[str, Any],
     ) -> PrepareRequest:
-        """Validate one prepare request; errors are InvalidInput, ObjectTooLarge or
-        RecordTooLarge (the metadata becomes an inline record)."""
+        """Validate one prepare request; errors are InvalidInput (any malformed field,
+        checked first), then ObjectTooLarge or RecordTooLarge (the metadata becomes an
+        inline record)."""
         key = check_idempotency_key(idempotency_key)
         assert key is not None
         if not _SHA256.fullmatch(sha256):
             raise InvalidInput("sha256 must be 64 hexadecimal digits")
         if isinstance(size, bool) or size < 0:
             raise InvalidInput("size must be a non-negative integer")
-        if size > MAX_OBJECT_BYTES:
-            raise ObjectTooLarge(f"an object is at most {MAX_OBJECT_BYTES} bytes, not {size}")
         if len(content_type) > 255 or not _MEDIA_TYPE.fullmatch(content_type):
             raise InvalidInput("content_type must be a media type such as application/pdf")
         if schema is not None and not 1 <= len(schema) <= 255:
@@ -71,6 +70,11 @@ class PrepareRequest:
             raw = _encoder.encode(metadata)
         except (TypeError, ValueError, OverflowError, UnicodeEncodeError) as exc:
             raise InvalidInput(f"metadata is not encodable as JSON: {exc}") from None
+        # The limits come after every check of the request's shape: a request that is
+        # malformed as well as too large is answered as malformed (400/422), as the
+        # OpenAPI document's schema says; a well-formed one over a limit is 413.
+        if size > MAX_OBJECT_BYTES:
+            raise ObjectTooLarge(f"an object is at most {MAX_OBJECT_BYTES} bytes, not {size}")
         if len(raw) > MAX_RECORD_BYTES:
             raise RecordTooLarge(
                 f"metadata is {len(raw)} bytes; it becomes the record's payload, "

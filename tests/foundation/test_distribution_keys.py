@@ -159,6 +159,7 @@ NO_DISTRIBUTED_TABLE = {
     "wake_send": "NOTIFY only; under Citus sent on the node of the stream's shard",
     "database_identity": "the server's system identifier and timeline (pg_control_*)",
     "health_takes_writes": "the session's transaction_read_only, for /readyz",
+    "doctor_notify": "NOTIFY only, on the doctor's own channel",
 }
 
 # Functions of schema.sql ("name/argument count"): pinned to the named argument, or not.

@@ -208,12 +208,12 @@ async def test_the_store_checks_the_record_at_the_cursor(store: Store, pool: asy
     pk = ref.stream_pk
 
     # The stored record: both ways answer as without a fingerprint.
-    text = await read_page_text(pool, pk, 3, 10, fp[3])
+    text = await read_page_text(pool, pk, 3, 10, fingerprint=fp[3])
     assert text is not None and text.count == 2
     await verify_fingerprint(pool, pk, 3, fp[3])
     # Another record's fingerprint: diverged, with what is stored there.
     with pytest.raises(HistoryDiverged) as caught:
-        await read_page_text(pool, pk, 3, 10, fp[2])
+        await read_page_text(pool, pk, 3, 10, fingerprint=fp[2])
     assert caught.value.extra == {
         "sequence": 3,
         "fingerprint": fp[2],
@@ -226,12 +226,12 @@ async def test_the_store_checks_the_record_at_the_cursor(store: Store, pool: asy
         await verify_fingerprint(pool, pk, 3, fp[2])
     # Past the latest sequence: with a fingerprint, a record the stream no longer has.
     with pytest.raises(HistoryDiverged) as beyond:
-        await read_page_text(pool, pk, 6, 10, fp[5])
+        await read_page_text(pool, pk, 6, 10, fingerprint=fp[5])
     assert beyond.value.extra["stored_fingerprint"] is None
     with pytest.raises(CursorInFuture):
         await read_page_text(pool, pk, 6, 10)
     # Cursor 0 has no record: nothing to compare.
-    assert (await read_page_text(pool, pk, 0, 10, fp[1])) is not None
+    assert (await read_page_text(pool, pk, 0, 10, fingerprint=fp[1])) is not None
 
     # Retention removed 1..3: the 410 comes first; a removed record at the cursor passes.
     await pool.execute(
@@ -241,10 +241,10 @@ async def test_the_store_checks_the_record_at_the_cursor(store: Store, pool: asy
         "UPDATE workflow_streams.streams SET earliest_sequence = 4 WHERE stream_pk = $1", pk
     )
     with pytest.raises(CursorExpired):
-        await read_page_text(pool, pk, 2, 10, OTHER)
+        await read_page_text(pool, pk, 2, 10, fingerprint=OTHER)
     with pytest.raises(CursorExpired):
         await verify_fingerprint(pool, pk, 2, OTHER)
-    text = await read_page_text(pool, pk, 3, 10, OTHER)
+    text = await read_page_text(pool, pk, 3, 10, fingerprint=OTHER)
     assert text is not None and text.count == 2
     await verify_fingerprint(pool, pk, 3, OTHER)
     # A record still there is compared as before.

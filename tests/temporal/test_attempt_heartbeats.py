@@ -32,7 +32,9 @@ async def test_opening_a_writer_or_reader_heartbeats_before_anything_is_written(
         assert len(beats) == 1
 
     await environment(beats).run(opens)
-    assert beats[0] == {HEARTBEAT_KEY: {"writers": {}, "readers": {}, "user": None}}
+    assert beats[0] == {
+        HEARTBEAT_KEY: {"writers": {}, "readers": {}, "reader_fingerprints": {}, "user": None}
+    }
 
 
 async def test_the_heartbeat_at_open_carries_what_earlier_attempts_wrote() -> None:
@@ -50,4 +52,6 @@ async def test_the_heartbeat_at_open_carries_what_earlier_attempts_wrote() -> No
         attempt_state().opened()
 
     await environment(beats, attempt=2, details=[earlier]).run(opens)
-    assert beats == [earlier]
+    # An earlier attempt's details without reader fingerprints (written before they
+    # existed) are carried as they were, with none added.
+    assert beats == [{HEARTBEAT_KEY: {**earlier[HEARTBEAT_KEY], "reader_fingerprints": {}}}]
