@@ -69,7 +69,8 @@ class LegacyChainIncomplete(RuntimeError):
 
     def __init__(self, applied: Iterable[tuple[int, str]]) -> None:
         done = sorted(row for row in applied if row in _LEGACY)
-        missing = [row for row in LEGACY_CHAIN if row not in set(done)]
+        present = set(done)
+        missing = [row for row in LEGACY_CHAIN if row not in present]
         self.last = done[-1] if done else None
         self.missing = missing
         last = _label(done[-1]) if done else "?"
@@ -79,8 +80,8 @@ class LegacyChainIncomplete(RuntimeError):
             f"{len(LEGACY_CHAIN)} migrations; first missing {_label(missing[0])}). This "
             f"release recognises only a database that ran the whole chain, through "
             f"{_label(LEGACY_CHAIN[-1])}. Run `ductor-streams migrate` of a build from "
-            "before the baseline against it first, then this one again; or drop the "
-            "workflow_streams schema (its data with it) and migrate again."
+            "before the baseline against it first, then this one again; or recreate the "
+            "database empty (its streams are lost) and migrate it."
         )
 
 

@@ -34,8 +34,7 @@ PARTIAL_REFUSAL = (
     "first missing 0033_keyed_groups_in_one_pass). This release recognises only a "
     "database that ran the whole chain, through 0041_record_fingerprint. Run "
     "`ductor-streams migrate` of a build from before the baseline against it first, then "
-    "this one again; or drop the workflow_streams schema (its data with it) and migrate "
-    "again."
+    "this one again; or recreate the database empty (its streams are lost) and migrate it."
 )
 ADOPTED_LINE = (
     "recorded 0001_baseline: the database ran the whole pre-baseline chain, which made "

@@ -7,6 +7,10 @@
 -- The runner has already created the schema and workflow_streams.schema_migrations.
 -- schema/schema.sql is the same schema read back from a migrated database (`make
 -- schema`); tests/foundation/test_schema.py keeps the two equal.
+--
+-- Function bodies are exactly what the old chain left, so that a database it made holds
+-- the same text as one made from this file; the few comments inside them that cite a
+-- four-digit number ("(0011)") name files of that chain (tests/support/legacy_migrations/).
 
 -- ---------------------------------------------------------------------------------
 -- Tables
@@ -929,8 +933,24 @@ BEGIN
 END;
 $function$;
 
--- One Durable Streams write with its writer checks (Stream-Seq, producers), through
--- append_requests.
+-- One Durable Streams write (append, append-and-close or close) with its writer checks,
+-- in one transaction, under the stream's row lock: a retry is never accepted twice and a
+-- fenced producer never appends. Outcomes, in the order they are decided:
+--   not_found           the stream does not exist
+--   duplicate           a producer's retry (seq at or below its last), or the retry of
+--                       the producer request that closed the stream: nothing appended
+--   already_closed      close-only on a closed stream (idempotent)
+--   stream_closed       anything else on a closed stream
+--   seq_gap             a new producer whose seq is not 0, or seq past last + 1
+--                       (producer_seq: the expected one)
+--   too_many_producers  a new producer past the stream's 10,000
+--   stale_epoch         the producer's epoch is older than the stream's (producer_epoch)
+--   epoch_seq           a new epoch whose seq is not 0
+--   stream_seq_conflict Stream-Seq not greater than the last accepted one
+--   credit_exhausted, quota_exhausted   append_requests' own refusals
+--   appended            the records (if any) appended and, with p_close, the stream closed
+-- The records go through append_requests, so credit, quotas, input delivery rows and
+-- wakes are exactly those of a native append.
 CREATE FUNCTION workflow_streams.ds_append(p_stream_pk bigint, p_payloads text[], p_sizes integer[], p_hash text, p_close boolean, p_stream_seq text, p_producer text, p_epoch bigint, p_seq bigint, p_trace text)
  RETURNS TABLE(outcome text, first_sequence bigint, last_sequence bigint, latest_sequence bigint, closed boolean, producer_epoch bigint, producer_seq bigint)
  LANGUAGE plpgsql
