@@ -1127,6 +1127,12 @@ $function$;
 -- Triggers: per statement, with the statement's rows as a transition table
 -- ---------------------------------------------------------------------------------
 
-CREATE TRIGGER streams_count_created AFTER INSERT ON workflow_streams.streams REFERENCING NEW TABLE AS created_streams FOR EACH STATEMENT EXECUTE FUNCTION workflow_streams.count_created_streams();
+CREATE TRIGGER streams_count_created
+    AFTER INSERT ON workflow_streams.streams
+    REFERENCING NEW TABLE AS created_streams
+    FOR EACH STATEMENT EXECUTE FUNCTION workflow_streams.count_created_streams();
 
-CREATE TRIGGER streams_delete_rows AFTER DELETE ON workflow_streams.streams REFERENCING OLD TABLE AS deleted_streams FOR EACH STATEMENT EXECUTE FUNCTION workflow_streams.delete_stream_rows();
+CREATE TRIGGER streams_delete_rows
+    AFTER DELETE ON workflow_streams.streams
+    REFERENCING OLD TABLE AS deleted_streams
+    FOR EACH STATEMENT EXECUTE FUNCTION workflow_streams.delete_stream_rows();
