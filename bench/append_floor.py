@@ -10,8 +10,9 @@ included, one record per request:
 - ``16 requests, 1 stream``: one group of 16 (16 clients on one stream, per statement);
 - ``100 records, 1 request``: one 100-record request;
 - ``4 streams``: ``append_stream_groups`` with one request on each of 4 streams, the
-  first several-stream statements of the connection (migration 0038: small ones first
-  used to leave the connection planning them again on every call);
+  first several-stream statements of the connection (before ``append_stream_groups``
+  forced generic plans, small ones first used to leave the connection planning them
+  again on every call);
 - ``16 streams``: ``append_stream_groups`` with one request on each of 16 streams;
 - ``16 streams, watched``: the same on 16 streams with a watch (an SSE follower
   somewhere), whose commit sends each stream's wake.

@@ -1,4 +1,4 @@
-"""Benchmark: what taking the lease in the append (migration 0036) costs Postgres.
+"""Benchmark: what taking the lease in the append (``append_requests_leasing``) costs Postgres.
 
     python -m bench.append_lease_cost [--appends 1000] [--rounds 3]
 

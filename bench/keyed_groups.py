@@ -17,11 +17,12 @@ per request, and the backend's CPU per request (from /proc, when readable), for:
 - ``keys, 0020's function``: the same through ``append_stream_groups`` as migration
   0020 defined it (created from its file under another name): keyed groups go through
   ``append_requests`` one by one;
-- ``+ receipt key``: with the receipts' foreign key to streams, which migration 0034
-  dropped, put back (``NOT VALID``: checked for new rows only) for that shape alone.
+- ``+ receipt key``: with the receipts' foreign key to streams, which the schema no
+  longer has, put back (``NOT VALID``: checked for new rows only) for that shape alone.
 
 So ``keys, 0020's function + receipt key`` is the statement before 0033 and 0034, and
-``keys`` the statement after both.
+``keys`` the statement after both. (The numbers name files of the migration chain that
+came before the baseline, kept in tests/support/legacy_migrations/.)
 
 ``--watched``: the streams have an SSE follower (``watched_until`` ahead) and the
 statement sends its wakes (``p_notify``), to a LISTEN connection of the bench, as at
@@ -42,11 +43,12 @@ import asyncpg
 
 from bench.environment import isolated_database, postgres_server
 from ductor_streams.schema import QUERIES
-from ductor_streams.schema.migrate import MIGRATIONS_DIR, migrate
+from ductor_streams.schema.migrate import migrate
 from ductor_streams.store.append import statement_arguments
 from ductor_streams.store.encoding import batch_of_encoded
+from tests.support.legacy_chain import LEGACY_DIR
 
-OLD_FUNCTION = MIGRATIONS_DIR / "0020_delivery_trace_context.sql"
+OLD_FUNCTION = LEGACY_DIR / "0020_delivery_trace_context.sql"
 NEW_STREAM = """
 INSERT INTO workflow_streams.streams (tenant, run_id, stream_id, direction, definition)
 VALUES ('bench', $1, 'output', 'output', '{"stream_id": "output", "direction": "output"}')

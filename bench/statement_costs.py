@@ -1,5 +1,6 @@
 """What one append's SQL costs, piece by piece, and the append function against its
-previous version (migration 0008).
+previous version (0008_append_one_insert of the chain before the baseline, kept in
+tests/support/legacy_migrations/).
 
     python -m bench.statement_costs [--rounds 5] [--calls 300]
 
@@ -18,7 +19,7 @@ version), and prints the median microseconds per statement:
   against the current one, for one request, a 16-request group and one 100-record
   request, ``synchronous_commit`` off;
 - a 100-row insert into a table shaped like ``records`` with the per-row foreign key to
-  ``streams`` that migration 0013 dropped, against the same table without it.
+  ``streams`` that the schema no longer has, against the same table without it.
 
 docs/credit.md quotes these figures.
 """
@@ -36,9 +37,10 @@ import asyncpg
 import uvloop
 
 from bench.environment import isolated_database, postgres_server
-from ductor_streams.schema.migrate import MIGRATIONS_DIR, migrate
+from ductor_streams.schema.migrate import migrate
+from tests.support.legacy_chain import LEGACY_DIR
 
-OLD_FUNCTION = MIGRATIONS_DIR / "0008_append_one_insert.sql"
+OLD_FUNCTION = LEGACY_DIR / "0008_append_one_insert.sql"
 APPEND = (
     "SELECT count(*) FROM workflow_streams.{name}($1, $2, $3, $4, $5, $6, NULL::jsonb[], {notify})"
 )

@@ -117,6 +117,7 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         )
         return 0
     if args.command == "migrate":
+        from ductor_streams.schema.legacy import LegacyChainIncomplete
         from ductor_streams.schema.wait import migrate_when_reachable
 
         if not 0 <= args.wait <= 3600:
@@ -126,9 +127,19 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
         dsn = settings.require_database()
         dsn = settings.direct_database_url or dsn
         pooled = settings.transaction_pooled and not settings.direct_database_url
-        applied = asyncio.run(migrate_when_reachable(dsn, args.wait, pooled=pooled))
+        try:
+            applied = asyncio.run(migrate_when_reachable(dsn, args.wait, pooled=pooled))
+        except LegacyChainIncomplete as exc:
+            print(f"ductor-streams migrate: {exc}", file=sys.stderr)
+            return 1
         for migration in applied:
-            print(f"applied {migration.version:04d}_{migration.name}")
+            if migration.adopted:
+                print(
+                    f"recorded {migration.version:04d}_{migration.name}: the database ran "
+                    "the whole pre-baseline chain, which made the same schema"
+                )
+            else:
+                print(f"applied {migration.version:04d}_{migration.name}")
         if not applied:
             print("migrations are current")
         return 0

@@ -56,7 +56,7 @@ JsonPointer = Annotated[str, StringConstraints(pattern=r"^(/([^~]|~[01])*)*$", m
 # (sums with sequences and totals), ages in Postgres date arithmetic (``now() - age``
 # must stay a timestamp). 2**53 is also the largest integer a JSON client in JavaScript
 # reads exactly. The SQL that reads stored definitions clamps to the same bounds
-# (``workflow_streams.clamped_count``, migration 0015; ``stream_prune``), so a stream
+# (``workflow_streams.clamped_count``; ``stream_prune``), so a stream
 # created before the bounds existed keeps working.
 MAX_COUNT = 2**53
 MAX_AGE_SECONDS = 100 * 365 * 24 * 3600  # 100 years: 3,153,600,000

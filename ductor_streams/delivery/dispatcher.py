@@ -80,7 +80,8 @@ class DispatcherConfig:
     # abandoned and its delivery given back with the rest (sent again by another replica).
     stop_grace: float = 3.0
     # An input append of this process to an idle stream leases its deliveries to this
-    # dispatcher in its own transaction, sparing the claim's round trip (migration 0036).
+    # dispatcher in its own transaction, sparing the claim's round trip
+    # (``append_requests_leasing``).
     take_append_leases: bool = True
 
 
@@ -318,7 +319,7 @@ class Dispatcher:
         elif self._named:
             self._wake.set()  # streams named while every slot was taken
 
-    # -- leases taken by an append of this process (migration 0036) --------------------
+    # -- leases taken by an append of this process (append_requests_leasing) -----------
 
     def reserve(self, stream_pk: int) -> bool:
         """Keep a slot and the stream for an append that may lease its deliveries to this

@@ -21,7 +21,7 @@ class ClaimedDelivery:
     attempts: int
     created_at: datetime
     event: InputEvent
-    # The appending request's W3C traceparent (migration 0020), when it was traced.
+    # The appending request's W3C traceparent (``trace_context``), when it was traced.
     trace_context: str | None = None
 
 

@@ -101,11 +101,12 @@ class _InputWakes:
 
 
 class AppendLeases:
-    """Leases taken by the append (migration 0036): an append of this process to an input
-    stream of the dispatcher's tenant, alone in its statement, leases its deliveries to
-    the dispatcher when they are the stream's head, and the dispatcher signals them once
-    the append's answer is back, with no claim in between. A stream the dispatcher holds
-    already, or with no slot free, is appended as before and claimed on its wake."""
+    """Leases taken by the append (``append_requests_leasing``): an append of this
+    process to an input stream of the dispatcher's tenant, alone in its statement,
+    leases its deliveries to the dispatcher when they are the stream's head, and the
+    dispatcher signals them once the append's answer is back, with no claim in between.
+    A stream the dispatcher holds already, or with no slot free, is appended as before
+    and claimed on its wake."""
 
     def __init__(self, dispatcher: Dispatcher, tenant: str) -> None:
         self._dispatcher = dispatcher

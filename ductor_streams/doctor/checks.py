@@ -24,7 +24,8 @@ from ductor_streams.doctor import decisions
 from ductor_streams.doctor.decisions import Durability, Sessions, Standby
 from ductor_streams.doctor.report import FAIL, OK, STATUSES, WARN
 from ductor_streams.schema import QUERIES
-from ductor_streams.schema.migrate import applied_versions, available_migrations
+from ductor_streams.schema.legacy import LegacyChainIncomplete, LegacyState, legacy_state
+from ductor_streams.schema.migrate import applied_rows, applied_versions, available_migrations
 
 # How long one client connection may wait for another's open transaction before that
 # counts as the two sharing one server connection.
@@ -101,9 +102,13 @@ async def check_migrations(ctx: Context) -> Outcome:
     """The database's migration level against this code's."""
     conn = await connect(ctx.database_url)
     try:
+        rows = await applied_rows(conn)
         applied = await applied_versions(conn)
     finally:
         await conn.close()
+    if legacy_state(rows) is LegacyState.PARTIAL:
+        # `migrate` refuses this database; say why rather than "run migrate".
+        return FAIL, str(LegacyChainIncomplete(rows))
     available = available_migrations()
     names = {m.version: m.name for m in available}
     return decisions.migrations([m.version for m in available], applied, names)

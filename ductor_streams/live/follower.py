@@ -34,8 +34,8 @@ or the appender's turn after its commit returned) instead of a turn of the event
 later, when the task would have run with exactly that state. Fed batches that arrive
 while the task has work pending queue up and go out together as before.
 
-A record wake says up to which sequence the stream has committed (``r<pk>:<seq>``,
-migration 0012). When ``last_read`` has reached it (the feed delivered this process's
+A record wake says up to which sequence the stream has committed (``r<pk>:<seq>``).
+When ``last_read`` has reached it (the feed delivered this process's
 own commit), the wake's read is skipped: everything it announces was fanned out already.
 A wake that carries no sequence (close, acks, a reconnect, older senders) always reads.
 Wakes of one stream may arrive out of order (one queued in ``store/wakes.py`` after a

@@ -2,7 +2,7 @@
 
 Keeps at most one ``StreamFollower`` per stream, created with the first subscriber and
 stopped with the last, all woken by the process's one ``NotificationHub``. Appends
-notify only for watched (or input) streams (migration 0011), so each follower's stream
+notify only for watched (or input) streams (``streams.watched_until``), so each follower's stream
 is watched from before its start point is read, and renewed here while followed.
 """
 
@@ -106,7 +106,7 @@ class Followers:
         candidate.watch()  # a wake arriving while the start point is read is kept
         LIVE_READS.labels("start").inc()
         try:
-            # Appends that lock the stream after this notify (migration 0011).
+            # Appends that lock the stream after this notify (``watched_until``).
             latest = await self._pool.fetchval(
                 QUERIES["live_stream_watch"], stream_pk, self.settings.watch_seconds
             )

@@ -3,7 +3,7 @@
 Notifications are wake signals (``r<pk>:<seq>`` records, ``a<pk>`` acks,
 ``c<pk>`` close); Postgres delivers them at commit, never before. Whoever is woken
 re-reads durable state, unless it already has what the wake announces: a record wake
-carries the stream's latest sequence at that commit (migration 0012), which a live
+carries the stream's latest sequence at that commit (``r<pk>:<seq>``), which a live
 follower that was fed its own process's appends has often delivered already. A plain
 ``r<pk>`` (older processes, an operator's retry) announces nothing more than "read".
 A wake of kind ``R`` also carries the records it announces (live/record_wakes.py):

@@ -1,5 +1,10 @@
 """The migration runner: applies ``migrations/NNNN_name.sql`` in order, once each.
 
+``0001_baseline`` makes the whole schema; later changes are further numbered files on
+top of it. A database migrated by the numbered chain that came before the baseline is
+recognised under the lock before anything runs (``legacy.py``): the whole chain counts
+as the baseline, part of it is refused.
+
 Safe to run from several processes at once: a session advisory lock serialises
 runners, and each migration commits together with its ``schema_migrations`` row.
 
@@ -13,10 +18,18 @@ that only when no direct connection is configured (``DUCTOR_STREAMS_DIRECT_DATAB
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import asyncpg
+
+from ductor_streams.schema.legacy import (
+    BASELINE,
+    LegacyChainIncomplete,
+    LegacyState,
+    is_legacy_row,
+    legacy_state,
+)
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 _FILE = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -35,11 +48,14 @@ CREATE TABLE IF NOT EXISTS workflow_streams.schema_migrations (
 
 @dataclass(frozen=True)
 class Migration:
-    """One numbered SQL file."""
+    """One numbered SQL file. ``adopted``: in what ``migrate`` returns, the baseline
+    recorded for a database the pre-baseline chain had already brought to it (its SQL
+    did not run)."""
 
     version: int
     name: str
     path: Path
+    adopted: bool = False
 
     def sql(self) -> str:
         return self.path.read_text(encoding="utf-8")
@@ -59,13 +75,29 @@ def available_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return found
 
 
-async def applied_versions(conn: asyncpg.Connection) -> list[int]:
-    """Versions already applied (empty when the schema does not exist yet)."""
+async def applied_rows(conn: asyncpg.Connection) -> list[tuple[int, str]]:
+    """``(version, name)`` of every row of ``schema_migrations``, as stored (empty when
+    the schema does not exist yet)."""
     exists = await conn.fetchval("SELECT to_regclass('workflow_streams.schema_migrations')")
     if exists is None:
         return []
-    rows = await conn.fetch("SELECT version FROM workflow_streams.schema_migrations ORDER BY 1")
-    return [r["version"] for r in rows]
+    rows = await conn.fetch(
+        "SELECT version, name FROM workflow_streams.schema_migrations ORDER BY version"
+    )
+    return [(r["version"], r["name"]) for r in rows]
+
+
+async def applied_versions(conn: asyncpg.Connection) -> list[int]:
+    """Versions of this code's numbering already applied (empty when the schema does
+    not exist yet). A database that ran the whole pre-baseline chain and has not been
+    migrated since reads as at the baseline, which it is; part of that chain counts for
+    nothing (``migrate`` refuses such a database)."""
+    rows = await applied_rows(conn)
+    state = legacy_state(rows)
+    versions = {version for version, name in rows if not is_legacy_row((version, name))}
+    if state is LegacyState.COMPLETE:
+        versions.add(BASELINE[0])
+    return sorted(versions)
 
 
 async def migrate(dsn: str, *, pooled: bool = False) -> list[Migration]:
@@ -93,8 +125,9 @@ async def _migrate_locked(conn: asyncpg.Connection) -> list[Migration]:
     try:
         async with conn.transaction():
             await conn.execute(_BOOTSTRAP)
+            adopted = await _adopt_legacy_chain(conn)
         done = set(await applied_versions(conn))
-        applied = []
+        applied = adopted
         for migration in available_migrations():
             if migration.version in done:
                 continue
@@ -112,8 +145,9 @@ async def _migrate_locking_each(conn: asyncpg.Connection) -> list[Migration]:
     async with conn.transaction():
         await conn.execute("SELECT pg_advisory_xact_lock($1)", _LOCK_KEY)
         await conn.execute(_BOOTSTRAP)
+        adopted = await _adopt_legacy_chain(conn)
     done = set(await applied_versions(conn))
-    applied = []
+    applied = adopted
     for migration in available_migrations():
         if migration.version in done:
             continue
@@ -124,6 +158,31 @@ async def _migrate_locking_each(conn: asyncpg.Connection) -> list[Migration]:
             await _apply(conn, migration)
         applied.append(migration)
     return applied
+
+
+async def _adopt_legacy_chain(conn: asyncpg.Connection) -> list[Migration]:
+    """Under the lock, in the caller's transaction: a database the whole pre-baseline
+    chain made gets the baseline's row in place of the chain's (the schema is already
+    the baseline's, so nothing runs); one made by part of the chain is refused. Returns
+    the baseline, marked adopted, when this call recorded it."""
+    rows = await applied_rows(conn)
+    state = legacy_state(rows)
+    if state is LegacyState.NONE:
+        return []
+    if state is LegacyState.PARTIAL:
+        raise LegacyChainIncomplete(rows)
+    legacy = [row for row in rows if is_legacy_row(row)]
+    await conn.execute(
+        "DELETE FROM workflow_streams.schema_migrations WHERE version = ANY($1::integer[])",
+        [version for version, _ in legacy],
+    )
+    baseline = next(m for m in available_migrations() if (m.version, m.name) == BASELINE)
+    await conn.execute(
+        "INSERT INTO workflow_streams.schema_migrations (version, name) VALUES ($1, $2)",
+        baseline.version,
+        baseline.name,
+    )
+    return [replace(baseline, adopted=True)]
 
 
 async def _apply(conn: asyncpg.Connection, migration: Migration) -> None:

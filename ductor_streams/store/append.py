@@ -20,7 +20,7 @@ once it has committed, its streams' wakes are announced through ``WakeSender``
 (store/wakes.py), coalesced, each carrying its records when they are few and small
 (live/record_wakes.py: followers elsewhere then fan them out without a read). A
 statement alone in flight notifies inside its own transaction, at commit (one round
-trip, no wake statement), with the same payload built in SQL (migration 0035).
+trip, no wake statement), with the same payload built in SQL (``workflow_streams.records_wake``).
 
 Statements run on one connection kept while they follow each other (store/held.py),
 not a pool acquire and release each. A statement is sent from the turn of the event
@@ -132,7 +132,8 @@ class CommitFeed(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class LeaseTerms:
-    """The lease an input append takes for this process's dispatcher (migration 0036)."""
+    """The lease an input append takes for this process's dispatcher
+    (``append_requests_leasing``)."""
 
     owner: str
     seconds: float
@@ -447,7 +448,7 @@ class Appender:
                 # The statement returned, so its transaction has committed. When other
                 # statements are in flight or queued, this wake may share their wake's.
                 # It carries the stream's latest sequence, as the function's own does
-                # (migration 0012): the last sequence this group appended; and, when
+                # (``r<pk>:<seq>``): the last sequence this group appended; and, when
                 # they are few and small, the records themselves, which spares the
                 # followers in other processes a read (live/record_wakes.py).
                 records = committed_records(group, outcomes, appended_at)

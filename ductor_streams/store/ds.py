@@ -3,7 +3,7 @@ from a DS offset, the stream's tail, and create-with-body in one transaction.
 
 Plain appends (no ``Stream-Seq``, producer or close) are not here: they take the
 group-commit path of every native append (``Store.append``). A write with writer state
-runs ``workflow_streams.ds_append`` (migration 0016), which decides the checks under the
+runs ``workflow_streams.ds_append``, which decides the checks under the
 stream's row lock and appends through ``append_requests`` in the same transaction.
 """
 
@@ -43,7 +43,8 @@ class WriterHeaders:
 
 @dataclass(frozen=True, slots=True)
 class WriteOutcome:
-    """What ``ds_append`` decided (its outcomes are listed in migrations 0016 and 0024)."""
+    """What ``ds_append`` decided (its outcomes are listed above it in
+    schema/migrations/0001_baseline.sql)."""
 
     outcome: DsWriteOutcome
     first_sequence: int | None

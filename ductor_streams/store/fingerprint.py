@@ -16,8 +16,8 @@ then the record's size. The sequence is left out: a fingerprint is only ever com
 with the record stored at one sequence (records of one commit with equal sizes share
 theirs). No payload hash: reads and fan-out write it for every record, and this costs a
 fraction of a microsecond. Postgres writes
-the same text where it writes a record's JSON (``workflow_streams.record_fingerprint``,
-migration 0041); tests/live/test_fingerprints.py compares the two.
+the same text where it writes a record's JSON (``workflow_streams.record_fingerprint``);
+tests/live/test_fingerprints.py compares the two.
 """
 
 from __future__ import annotations

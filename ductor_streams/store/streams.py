@@ -21,7 +21,7 @@ class StreamDirectory:
     the life of the process; a miss is never cached (the stream may be created later).
 
     Creates stay within ``tenant_max_streams`` streams per tenant, decided in Postgres
-    under the tenant's row lock (``create_stream``, migration 0040)."""
+    under the tenant's row lock (``workflow_streams.create_stream``)."""
 
     def __init__(
         self,

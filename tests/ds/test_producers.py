@@ -1,5 +1,5 @@
 """Idempotent producers and Stream-Seq under concurrency: the checks are decided under
-the stream's row lock in the appending transaction (migration 0016's ds_append)."""
+the stream's row lock in the appending transaction (``workflow_streams.ds_append``)."""
 
 from __future__ import annotations
 

@@ -256,7 +256,7 @@ async def test_fed_batches_racing_reads_and_another_writer_deliver_each_record_o
     received: list[list[int]] = [[] for _ in subs]
 
     # The other writer's commits announce themselves with wakes that carry their records
-    # ("small", migration 0035) or, too large for a wake, with plain ones that the
+    # ("small", ``records_wake``) or, too large for a wake, with plain ones that the
     # follower must read ("large").
     pad = "x" * 8_000 if theirs == "large" else ""
 
@@ -322,7 +322,7 @@ async def test_the_safety_poll_reads_even_while_an_own_append_seems_in_flight(
 
 
 async def test_a_wake_for_records_already_delivered_brings_no_read(pool, database_url, tenant):
-    """A record wake says how far its commit reached (``r<pk>:<seq>``, migration 0012):
+    """A record wake says how far its commit reached (``r<pk>:<seq>``):
     a follower that already delivered that far skips the read; further, or a wake that
     does not say, reads."""
     hub, followers, ours, ref, sub, follower = await by_hand(

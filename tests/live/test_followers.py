@@ -73,7 +73,7 @@ async def test_one_read_per_wake_fanned_out_to_50_subscribers(store, pool, hub, 
     for got in received:
         assert got == list(range(1, 23))
     if payload == "small":
-        # Each append's own wake carried its record (migration 0035): no read at all.
+        # Each append's own wake carried its record (``records_wake``): no read at all.
         assert (follower.reads, follower.fed_batches) == (0, 20)
     else:
         # 20 appends, 20 plain wakes: about 20 follower reads in all, not 20 x 50.

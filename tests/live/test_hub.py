@@ -1,7 +1,7 @@
 """The notification hub: what a wake payload says, and who hears it.
 
 A record wake carries the stream's latest sequence at its commit (``r<pk>:<seq>``,
-migration 0012); per-stream watchers get it, everything else gets None."""
+``r<pk>:<seq>``); per-stream watchers get it, everything else gets None."""
 
 from __future__ import annotations
 

@@ -65,7 +65,7 @@ def test_malformed_record_wakes_carry_no_records(payload: str) -> None:
     assert parse_record_wake(payload) is None
 
 
-# Migration 0035: the wake an append statement sends at its own commit, built in SQL.
+# workflow_streams.records_wake: the wake an append statement sends at its own commit, built in SQL.
 SQL_WAKE = (
     "SELECT workflow_streams.records_wake($1, $2, $3::text[], $4::integer[], $5::jsonb[])"
     " AS wake, now() AS at"
@@ -174,7 +174,7 @@ async def test_another_process_records_arrive_from_the_wake_without_a_read(
         page = await read_page(pool, ref.stream_pk, 0, 100)
         assert delivered == page.records
         # An append alone in flight notifies inside its own transaction, and that wake
-        # carries its record too (migration 0035): still no read.
+        # carries its record too (records_wake): still no read.
         await add(writer, ref, ["alone"])
         item = await sub.next(5.0)
         assert isinstance(item, list)

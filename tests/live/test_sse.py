@@ -169,7 +169,7 @@ async def test_retention_overtaking_a_subscriber_sends_error_then_ends(
         pk = await stream_pk(pool, tenant, run_id, "out")
         # In ONE transaction: 6..10 are appended and 6..8 pruned before anyone could see
         # them, so the subscriber (at 5) is overtaken by retention. The append's own wake
-        # would carry 6..10 (migration 0035), records this transaction then removes: it
+        # would carry 6..10 (records_wake), records this transaction then removes: it
         # asks for none (p_notify false) and announces the commit with a plain wake.
         async with pool.acquire() as conn, conn.transaction():
             rows = await conn.fetch(

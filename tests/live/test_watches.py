@@ -1,4 +1,4 @@
-"""Appends notify at commit only when something waits for the wake (migration 0011).
+"""Appends notify at commit only when something waits for the wake (``streams.watched_until``).
 
 A live follower watches its stream (``live_stream_watch``) before it reads where to
 start; an append notifies when its stream is an input stream or watched. These tests
@@ -39,7 +39,7 @@ class Wakes:
 
     def announced(self, ref: StreamRef) -> list[int]:
         """The latest sequence of each record wake of the stream (``r<pk>:<seq>``, or
-        ``R<pk>:<seq>:...`` carrying its records: migration 0035)."""
+        ``R<pk>:<seq>:...`` carrying its records: ``records_wake``)."""
         found = []
         for payload in self.payloads:
             wake = parse_wake(payload) if payload[:1] in ("r", "R") else None
@@ -99,7 +99,7 @@ async def test_an_input_stream_is_woken_without_a_watch(pool: asyncpg.Pool, wake
         await append(store, ref, [n])
     await wakes.settle(pool)
     assert wakes.of(ref) == 3
-    assert wakes.announced(ref) == [1, 2, 3]  # each commit's latest sequence (0012)
+    assert wakes.announced(ref) == [1, 2, 3]  # each commit's latest sequence
 
 
 async def test_a_watched_stream_is_woken_until_the_watch_lapses(

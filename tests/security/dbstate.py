@@ -4,7 +4,7 @@ or, for a tenant's own counts, a ``tenant``): other tests' background workers ma
 work on their own tenants meanwhile.
 
 One column is left out: ``streams.watched_until``, the lease by which a live follower
-asks appends to notify (migration 0011). Any subscribe that starts following sets it,
+asks appends to notify. Any subscribe that starts following sets it,
 successful or not; it is no stream data and no answer depends on it."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The streams-per-tenant quota (``DUCTOR_STREAMS_TENANT_MAX_STREAMS``; docs/security.md,
 "Tenant isolation"): decided in Postgres under the tenant's row lock (``create_stream``,
-migration 0040), so parallel creates on several replicas stop exactly at the quota; a
+``tenant_streams``), so parallel creates on several replicas stop exactly at the quota; a
 stream that exists is answered as ever at the quota; other tenants are not affected;
 native create, Durable Streams PUT and the activity's create refuse alike with
 ``tenant_quota_exhausted``."""

@@ -1,5 +1,5 @@
-"""workflow_streams.append_requests called directly with one group of requests (migration
-0008: the loop only decides; one insert appends every accepted record afterwards).
+"""workflow_streams.append_requests called directly with one group of requests (its loop
+only decides; one insert appends every accepted record afterwards).
 
 Each request's answer is the one it would get alone, in order; the records are 1..N
 gap-free, in request order, with exact running byte totals; an input stream gets one
@@ -316,7 +316,7 @@ def _cases() -> list[Case]:
             ceilings=(("max_unread_bytes", len('"first"') + 5 + 5),),
             acked=1,
         ),
-        # Fresh keys (migration 0033): appended whole, their receipts stored.
+        # Fresh keys: appended whole, their receipts stored.
         Case([batch("k1"), batch("k2", key="k"), batch("k3", key="k3")], whole=True),
         # A key with a receipt (a replay, and one reused with another body), and a key
         # twice in one group: decided request by request.
@@ -374,8 +374,8 @@ async def _state(pool: asyncpg.Pool, ref: StreamRef) -> tuple[object, ...]:
 async def test_stream_groups_answer_and_store_as_each_group_alone(
     pool: asyncpg.Pool, store: Store
 ) -> None:
-    # Migration 0014: append_stream_groups appends a group that nothing can refuse
-    # itself (0033: keys with no receipt, none twice in the group, count as nothing
+    # append_stream_groups appends a group that nothing can refuse
+    # itself (keys with no receipt, none twice in the group, count as nothing
     # that can refuse), in one pass with the others, and leaves every other group to
     # append_requests.
     await _answers_as_each_group_alone(pool, store, _cases())
@@ -399,7 +399,7 @@ def _one_request_cases() -> list[Case]:
 async def test_one_request_groups_answer_and_store_as_each_group_alone(
     pool: asyncpg.Pool, store: Store
 ) -> None:
-    # Migration 0039: a statement whose groups hold one request each looks at its keys
+    # append_stream_groups: a statement whose groups hold one request each looks at its keys
     # with one probe per key; a key with a receipt still sends its group to
     # append_requests (replayed, or refused as reused), and the rest go whole.
     await _answers_as_each_group_alone(pool, store, _one_request_cases())
@@ -446,7 +446,7 @@ async def _answers_as_each_group_alone(pool: asyncpg.Pool, store: Store, cases: 
                 for ref, c in zip(alone, cases, strict=True)
             ]
             # Each carries the records its call appended (after the two put in first),
-            # or only the latest sequence when they do not fit a wake (migration 0035).
+            # or only the latest sequence when they do not fit a wake (records_wake).
             expected_wakes = {
                 await commit_wake(pool, ref.stream_pk, 3, (await counters(pool, ref))[0])
                 for ref, case in zip(combined + alone, cases + cases, strict=True)

@@ -1,6 +1,6 @@
-"""Records and input deliveries (migration 0013) and append receipts (0034) carry no
-per-row foreign key: nothing names a missing stream all the same, and deleting a stream
-still takes its rows.
+"""Records, input deliveries and append receipts carry no per-row foreign key (the
+``streams_delete_rows`` trigger instead): nothing names a missing stream all the same,
+and deleting a stream still takes its rows.
 
 Only the append functions write them, under the stream's row lock, which a DELETE of the
 stream waits for; the delete's trigger then removes what that append committed."""

@@ -1,4 +1,4 @@
-"""Groups of several streams in one transaction (store/append.py, migration 0009).
+"""Groups of several streams in one transaction (store/append.py, ``append_stream_groups``).
 
 With a bound on the append statements in flight, groups of other streams that become
 ready meanwhile go together in one transaction; each stream's requests must still get
@@ -315,7 +315,7 @@ def test_a_payload_with_a_raw_separator_is_refused() -> None:
 async def test_a_key_stored_meanwhile_by_another_transaction_is_replayed(
     pool: asyncpg.Pool,
 ) -> None:
-    # Migration 0033: a combined statement looks its keys up before it locks the rows.
+    # A combined statement looks its keys up before it locks the rows.
     # Another transaction holding a stream's row lock stores the same key meanwhile;
     # once it commits, the combined statement's receipt insert fails, the statement
     # commits nothing, and each group alone finds the key: replayed, never appended
@@ -380,7 +380,7 @@ async def _pages(pool: asyncpg.Pool, pks: list[int]) -> list[tuple[int, int]]:
 
 
 async def test_the_rows_a_statement_moves_stay_on_their_pages(pool: asyncpg.Pool) -> None:
-    # Migration 0037: one UPDATE moves every stream of a several-stream statement. The
+    # One UPDATE moves every stream of a several-stream statement. The
     # new versions of its rows must fit on their pages beside the old ones (HOT updates:
     # no index entries, the table keeps its size); with the default fillfactor 44% of
     # them left their page and the table grew by a page every few statements.
@@ -407,7 +407,7 @@ async def test_the_rows_a_statement_moves_stay_on_their_pages(pool: asyncpg.Pool
 async def test_a_connections_first_small_statements_leave_it_generic_plans(
     pool: asyncpg.Pool,
 ) -> None:
-    # Migration 0038: which plans a connection uses must not depend on its history. On a
+    # Which plans a connection uses must not depend on its history. On a
     # connection whose first statements were small, Postgres kept choosing custom plans
     # for the function's UPDATE (the average custom cost stayed below the generic one)
     # and planned it again on every call: a third of the backend's CPU for a statement of

@@ -2,7 +2,7 @@
 wake is sent after the commit returned, coalesced, and retried when sending fails.
 
 A lone append notifies at commit only when its stream is watched by a live follower
-(migration 0011; tests/live/test_watches.py), so the streams here are watched first, as
+(``streams.watched_until``; tests/live/test_watches.py), so the streams here are watched first, as
 a follower in another process would."""
 
 from __future__ import annotations
@@ -249,7 +249,7 @@ async def test_a_lone_append_notifies_in_its_own_transaction(
     ref = await watched_stream(store)
     for n in range(1, 4):
         await append(store, ref, [n])
-        # It carries the record it announces (migration 0035).
+        # It carries the record it announces (records_wake).
         wake = await commit_wake(pool, ref.stream_pk, n, n)
         assert wake.startswith(f"R{ref.stream_pk}:{n}:{n}:")
         await listener.wait_for(wake)

@@ -1,5 +1,5 @@
-"""The wake an append statement's own commit sends (migration 0035), for tests that
-wait for it: the records it appended as one record-carrying wake
+"""The wake an append statement's own commit sends (``workflow_streams.records_wake``),
+for tests that wait for it: the records it appended as one record-carrying wake
 (live/record_wakes.py), or the plain ``r<pk>:<last>`` when they do not fit one."""
 
 from __future__ import annotations

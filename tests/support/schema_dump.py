@@ -10,7 +10,7 @@ migration: each table, constraint, index, view, trigger and function of the
 edited by hand: ``make schema`` writes it, and ``tests/foundation/test_schema.py`` fails
 when the migrations and the file disagree. Reading it is the way to learn what the
 database does today (for example what ``append_requests`` decides) without replaying
-fifteen migrations in one's head.
+the baseline and every migration after it in one's head.
 
 The catalog is read with ``pg_get_*def`` functions rather than ``pg_dump`` so that the
 output does not depend on a ``pg_dump`` binary matching the server's major version, and
@@ -182,7 +182,7 @@ async def _table(
             lines.append(constraint)
     body = ",\n".join("    " + line for line in lines)
     kind = "UNLOGGED TABLE" if unlogged else "TABLE"
-    # Storage parameters, e.g. fillfactor (migration 0037).
+    # Storage parameters, e.g. the fillfactor of streams.
     storage = f" WITH ({', '.join(sorted(options))})" if options else ""
     return f"CREATE {kind} {table} (\n{body}\n){storage};", foreign
 

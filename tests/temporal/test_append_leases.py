@@ -1,4 +1,4 @@
-"""Leases taken by the append (migration 0036): an input append of a process leases its
+"""Leases taken by the append (``append_requests_leasing``): an input append of a process leases its
 deliveries to that process's dispatcher in its own transaction, only when they are the
 stream's head, and the dispatcher signals them with no claim between. Order and
 exactly-once hold as with claims, also with two processes appending to the same streams,

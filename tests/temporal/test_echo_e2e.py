@@ -91,7 +91,7 @@ async def test_echo_fifty_inputs_in_batches_over_http_and_sse(
             await asyncio.wait_for(reader, 60)
             assert await handle.result() == 50
             # The first batch came to an idle stream: its append leased its delivery to
-            # this server's dispatcher, which signalled it with no claim (migration 0036).
+            # this server's dispatcher, which signalled it with no claim (append_requests_leasing).
             text = (await http.get("/metrics")).text
             leased = [
                 float(line.split()[-1])

@@ -460,7 +460,7 @@ async def test_durable_streams_writes_to_an_input_stream_keep_the_trace_context(
         producer = {"Producer-Id": "ui", "Producer-Epoch": "0", "Producer-Seq": "0"}
         writes = [
             ({}, b'{"q":1}', 204),  # a plain write: the native group-commit path
-            (producer, b'{"q":2}', 200),  # a producer's write: ds_append (migration 0021)
+            (producer, b'{"q":2}', 200),  # a producer's write: ds_append (p_trace)
             ({}, b'{"q":3}', 204),
         ]
         for (traceparent, _, _), (extra, body, status) in zip(traces, writes, strict=True):

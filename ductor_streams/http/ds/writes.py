@@ -2,8 +2,8 @@
 
 A plain append (no ``Stream-Seq``, producer headers or ``Stream-Closed``) is a native
 append: the same group-commit path, credit, quotas and input delivery
-(``Store.append``). Any writer coordination takes ``ds_append`` instead (migration
-0016): one statement per request, its checks decided under the stream's row lock in the
+(``Store.append``). Any writer coordination takes ``workflow_streams.ds_append``
+instead: one statement per request, its checks decided under the stream's row lock in the
 transaction that appends, so that no retry is accepted twice and no fenced producer
 appends. A create with a body and/or ``Stream-Closed`` is one transaction too.
 """
@@ -57,7 +57,7 @@ _DIGITS = re.compile(r"0|[1-9][0-9]{0,15}")
 # Producer-Id is a key of ds_producers: a Postgres btree entry holds at most ~2,700
 # bytes, and each character of a header (latin-1) is at most 2 bytes of UTF-8.
 MAX_PRODUCER_ID = 1024
-# Producers a stream keeps state for (ds_append refuses a new one past it, migration 0024).
+# Producers a stream keeps state for (ds_append refuses a new one past it).
 MAX_PRODUCERS = 10_000
 
 

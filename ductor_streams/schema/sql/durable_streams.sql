@@ -2,9 +2,9 @@
 -- everywhere.
 
 -- name: ds_append
--- One DS write with its writer checks (migration 0016): $2 payloads, $3 sizes, $4 the
+-- One DS write with its writer checks (workflow_streams.ds_append): $2 payloads, $3 sizes, $4 the
 -- request hash, $5 close, $6 Stream-Seq, $7-$9 producer id, epoch, seq (NULL: none),
--- $10 the request's traceparent for input delivery rows (NULL: none; migration 0021).
+-- $10 the request's traceparent for input delivery rows (NULL: none).
 SELECT outcome, first_sequence, last_sequence, latest_sequence, closed,
        producer_epoch, producer_seq
   FROM workflow_streams.ds_append($1, $2::text[], $3::integer[], $4, $5, $6, $7, $8, $9,

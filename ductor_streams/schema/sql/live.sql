@@ -3,7 +3,7 @@
 -- name: live_stream_watch
 -- A new per-process follower asks for the stream's record wakes for $2 seconds and
 -- learns where to start: appends that lock the row after this commits notify, appends
--- before it are at or below the latest_sequence returned (migration 0011).
+-- before it are at or below the latest_sequence returned (streams.watched_until).
 UPDATE workflow_streams.streams
    SET watched_until = greatest(watched_until, now() + make_interval(secs => $2))
  WHERE stream_pk = $1

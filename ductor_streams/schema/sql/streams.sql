@@ -3,7 +3,7 @@
 
 -- name: stream_insert
 -- Creates a stream with its consumers within the tenant's quota of $7 streams
--- (create_stream, migration 0040): outcome 'created', 'exists' (stream_pk is the
+-- (workflow_streams.create_stream): outcome 'created', 'exists' (stream_pk is the
 -- existing stream) or 'tenant_quota' (nothing created).
 SELECT r_stream_pk AS stream_pk, r_outcome AS outcome
   FROM workflow_streams.create_stream($1, $2, $3, $4, $5::jsonb, $6::text[], $7);
@@ -54,8 +54,8 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
 -- its first one (at least that one). Sequences are dense, so the page is $2+1 .. $2+$3
 -- (up to the latest); the caller reads the rest a piece at a time (records_range_json),
 -- and a response never holds more than a piece in memory (http/write_budget.py).
--- Each record's fingerprint is workflow_streams.record_fingerprint's (migration 0041,
--- inlined by the planner). With $5 true, cursor_fingerprint is the fingerprint of the
+-- Each record's fingerprint is workflow_streams.record_fingerprint's (inlined
+-- by the planner). With $5 true, cursor_fingerprint is the fingerprint of the
 -- record at the cursor (NULL: none), for a reader that sent one (store/fingerprint.py);
 -- with $5 false its lookup is not run.
 SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed,

@@ -10,7 +10,7 @@
 -- is alone in flight) or not (the caller announces the commit afterwards, wake_send).
 -- appended_at: now() is the transaction's start, the records' appended_at (live
 -- delivery of this process builds the committed records from it without a read).
--- $9: each request's traceparent, NULL when none has one (migration 0020).
+-- $9: each request's traceparent, NULL when none has one (input_deliveries.trace_context).
 SELECT request_index, outcome, first_sequence, last_sequence, now() AS appended_at
   FROM workflow_streams.append_requests($1, $2::integer[], $3::text[], $4::text[],
                                         string_to_array($5::text, E'\x1e'),
@@ -22,7 +22,7 @@ SELECT request_index, outcome, first_sequence, last_sequence, now() AS appended_
 -- once (store/append.py, "Leases taken by the append"): $10 the dispatcher's owner, $11
 -- its lease in seconds, $12 how many deliveries it takes at most. The rows are
 -- records_append_group's, then one row with request_index 0 when the append leased its
--- deliveries (migration 0036): their ids in `leased`, sequences first..last.
+-- deliveries (append_requests_leasing): their ids in `leased`, sequences first..last.
 SELECT request_index, outcome, first_sequence, last_sequence, leased, now() AS appended_at
   FROM workflow_streams.append_requests_leasing($1, $2::integer[], $3::text[], $4::text[],
                                                 string_to_array($5::text, E'\x1e'),
