@@ -5,19 +5,18 @@
 Same spec file and same JSON answer as ``bench.loadgen``, so ``bench.append`` can use
 either; it uses this one when wrk is installed. On a 2-core machine the client's CPU is
 taken from the server and Postgres, and with one client it is also on every request's
-path: wrk spends 18-30 us of CPU per request where ``bench.loadgen`` (Python, uvloop)
-spends 47-87, and 1 client on 1 stream went 1,113 / 1,189 / 1,500 / 1,527 / 1,687 ->
-1,357 / 1,408 / 1,885 / 1,867 / 1,602 appends/s in 5 interleaved pairs. With 16 clients
-the two came out alike (bench/README.md).
+path: wrk costs a fraction of the Python client's CPU per request (docs/decisions.md,
+"Measuring").
 
-How the spec maps onto wrk: one wrk thread per distinct request path, with the
-connections of that path (``-t paths -c connections``), each thread sending its
-path's pre-built request again and again on keep-alive connections, one at a time
-per connection; so "16 clients, 16 streams" is 16 threads of one connection and
-"16 clients, 1 stream" one thread of 16. A warm-up run of ``warmup`` seconds comes
-first; the measured run's figures come from a Lua ``done`` hook that prints them as
-JSON. wrk counts answers with status 400 or above as errors and nothing else, so the
-statuses are ``"2xx/3xx"`` and ``"error"``; the append API answers no 3xx.
+How the spec maps onto wrk (the script: tests/support/wrk_script.py): one wrk thread
+per distinct request path, with the connections of that path (``-t paths -c
+connections``), each thread sending its path's pre-built request again and again on
+keep-alive connections, one at a time per connection; so "16 clients, 16 streams" is 16
+threads of one connection and "16 clients, 1 stream" one thread of 16. A warm-up run of
+``warmup`` seconds comes first; the measured run's figures come from a Lua ``done`` hook
+that prints them as JSON. wrk counts answers with status 400 or above as errors and
+nothing else, so the statuses are ``"2xx/3xx"`` and ``"error"``; the append API answers
+no 3xx.
 """
 
 from __future__ import annotations
