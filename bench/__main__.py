@@ -28,7 +28,8 @@ part's event loop, threads or crash cannot disturb the next):
 
 A part whose module is absent is reported and skipped. Every part gets the same
 Postgres server ($DUCTOR_STREAMS_BENCH_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL,
-else an embedded one started here) and makes its own database on it. See bench/README.md.
+else an embedded one started here) and makes its own database on it. How to run the parts
+and read their output: bench/README.md; the current figures: docs/speed.md.
 """
 
 from __future__ import annotations

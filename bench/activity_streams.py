@@ -76,7 +76,6 @@ import httpx
 from temporalio.client import Client
 from temporalio.testing import WorkflowEnvironment
 
-from bench import token_floor
 from bench.activity_streams_worker import LOOP_ENV as WORKER_LOOP_ENV
 from bench.activity_streams_workflows import (
     TASK_QUEUE,
@@ -97,6 +96,7 @@ from bench.hops import LOAD_STREAMS, hop_table, print_hops
 from bench.pg_cpu import backends_of
 from ductor_streams.config import Settings
 from ductor_streams.schema.migrate import migrate
+from tests.support import token_floor
 from tests.support.server import ServerProcess, settings_env
 
 API = "/api/workflow-streams"

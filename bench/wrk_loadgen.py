@@ -5,19 +5,18 @@
 Same spec file and same JSON answer as ``bench.loadgen``, so ``bench.append`` can use
 either; it uses this one when wrk is installed. On a 2-core machine the client's CPU is
 taken from the server and Postgres, and with one client it is also on every request's
-path: wrk spends 18-30 us of CPU per request where ``bench.loadgen`` (Python, uvloop)
-spends 47-87, and 1 client on 1 stream went 1,113 / 1,189 / 1,500 / 1,527 / 1,687 ->
-1,357 / 1,408 / 1,885 / 1,867 / 1,602 appends/s in 5 interleaved pairs. With 16 clients
-the two came out alike (bench/README.md).
+path: wrk costs a fraction of the Python client's CPU per request (docs/decisions.md,
+"Measuring").
 
-How the spec maps onto wrk: one wrk thread per distinct request path, with the
-connections of that path (``-t paths -c connections``), each thread sending its
-path's pre-built request again and again on keep-alive connections, one at a time
-per connection; so "16 clients, 16 streams" is 16 threads of one connection and
-"16 clients, 1 stream" one thread of 16. A warm-up run of ``warmup`` seconds comes
-first; the measured run's figures come from a Lua ``done`` hook that prints them as
-JSON. wrk counts answers with status 400 or above as errors and nothing else, so the
-statuses are ``"2xx/3xx"`` and ``"error"``; the append API answers no 3xx.
+How the spec maps onto wrk (the script: tests/support/wrk_script.py): one wrk thread
+per distinct request path, with the connections of that path (``-t paths -c
+connections``), each thread sending its path's pre-built request again and again on
+keep-alive connections, one at a time per connection; so "16 clients, 16 streams" is 16
+threads of one connection and "16 clients, 1 stream" one thread of 16. A warm-up run of
+``warmup`` seconds comes first; the measured run's figures come from a Lua ``done`` hook
+that prints them as JSON. wrk counts answers with status 400 or above as errors and
+nothing else, so the statuses are ``"2xx/3xx"`` and ``"error"``; the append API answers
+no 3xx.
 """
 
 from __future__ import annotations
@@ -32,86 +31,12 @@ from pathlib import Path
 from typing import Any
 
 from bench.loadgen import parse_command
-
-# One thread state each: ``setup`` (main state) gives every thread its path; ``init``
-# (the thread's state) builds its request once; ``request`` hands it out every time.
-SCRIPT = """
-local paths = %(paths)s
-local body = %(body)s
-local headers = %(headers)s
-local given = 0
-
-function setup(thread)
-  given = given + 1
-  thread:set("path", paths[given])
-end
-
-function init(args)
-  for name, value in pairs(headers) do wrk.headers[name] = value end
-  wrk.headers["Content-Type"] = "application/json"
-  req = wrk.format("POST", path, nil, body)
-end
-
-function request()
-  return req
-end
-
-function done(summary, latency, requests)
-  local e = summary.errors
-  io.write(string.format(
-    'WRK-RESULT {"requests": %%d, "duration_us": %%d, "p50_us": %%d, "p99_us": %%d, '
-    .. '"status": %%d, "connect": %%d, "read": %%d, "write": %%d, "timeout": %%d}\\n',
-    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
-    e.status, e.connect, e.read, e.write, e.timeout))
-end
-"""
+from tests.support.wrk_script import parse, script
 
 
 def available() -> bool:
     """Whether ``wrk`` is on the PATH."""
     return shutil.which("wrk") is not None
-
-
-def _lua_string(value: str) -> str:
-    # Lua's long brackets take the text as it is; JSON bodies and tokens hold no "]==]".
-    assert "]==]" not in value
-    return f"[==[{value}]==]"
-
-
-def script(spec: dict[str, Any]) -> tuple[str, int, int]:
-    """The Lua script for ``spec``, its thread count and its connection count.
-
-    Connections are grouped by path; every path must have as many connections (as
-    ``bench.append``'s shapes do: connection i appends to stream i % streams)."""
-    by_path: dict[str, int] = {}
-    for c in spec["connections"]:
-        by_path[c["path"]] = by_path.get(c["path"], 0) + 1
-    if len(set(by_path.values())) != 1:
-        raise ValueError("wrk needs as many connections on every path")
-    first = spec["connections"][0]
-    if any(
-        c["body"] != first["body"] or c["headers"] != first["headers"] for c in spec["connections"]
-    ):
-        raise ValueError("wrk sends one body and one set of headers")
-    body = json.dumps(first["body"], separators=(",", ":"))
-    headers = ", ".join(
-        f"[ {_lua_string(k)} ] = {_lua_string(v)}" for k, v in first["headers"].items()
-    )
-    text = SCRIPT % {
-        "paths": "{" + ", ".join(_lua_string(p) for p in by_path) + "}",
-        "body": _lua_string(body),
-        "headers": "{" + headers + "}",
-    }
-    return text, len(by_path), len(spec["connections"])
-
-
-def parse(stdout: str) -> dict[str, int]:
-    """The figures the ``done`` hook printed."""
-    for line in stdout.splitlines():
-        if line.startswith("WRK-RESULT "):
-            figures: dict[str, int] = json.loads(line.removeprefix("WRK-RESULT "))
-            return figures
-    raise RuntimeError(f"wrk printed no result:\n{stdout}")
 
 
 def _wrk(

@@ -4,10 +4,10 @@ CPython's collector holds the event loop while it runs, and a full collection lo
 every object it tracks. A worker or server holds some hundred thousand objects from
 start-up (modules, classes, the Temporal SDK, the HTTP app) that live as long as the
 process, and a Temporal worker adds the modules of each sandboxed workflow it caches.
-Full collections of the serve and worker processes took 40-80 ms each, two to four
-times in ten seconds at 100 streaming activities: every stream of the process stalled
-that long, which made most of the tail of token -> SSE latency (bench/README.md,
-"Garbage collection pauses").
+Full collections of the serve and worker processes took tens of milliseconds each, a
+few times in ten seconds at 100 streaming activities: every stream of the process
+stalled that long, which made most of the tail of token -> SSE latency
+(docs/decisions.md, "Streaming activities").
 
 ``tune_garbage_collection``, once per process when start-up is complete:
 
@@ -18,8 +18,7 @@ that long, which made most of the tail of token -> SSE latency (bench/README.md,
    start-up made.
 2. makes full collections ten times rarer (the oldest generation's threshold 10 ->
    100 collections of the middle one). The young generations keep their thresholds:
-   raising those made each of their collections as long as a full one (a collection of
-   the middle generation took 28-42 ms with 10,000 for the youngest). Cyclic garbage
+   raising those made each of their collections as long as a full one. Cyclic garbage
    that reaches the oldest generation waits longer to be freed; the appends and reads
    of this package make none (a collection's unreachable objects after a load were
    completed workflows' sandboxes and closed connections).

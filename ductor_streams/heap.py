@@ -2,9 +2,10 @@
 
 Large payloads (an append's 64 KiB strings, the pieces of a catch-up body) come from
 glibc's ``malloc`` heap. When the request ends they are freed, but glibc keeps the free
-pages for later allocations: 15 abandoned 60 MB appends left the server at ~600-770 MB
-RSS instead of the ~75 MB it started with (no object survived; ``malloc_trim(0)`` brought
-it back to 72 MB), and a hundred cut catch-up readers left it ~30 MB above its start.
+pages for later allocations: a few abandoned appends of tens of MB left the server at
+about ten times the RSS it started with although no object survived (``malloc_trim(0)``
+brought it back), and cut catch-up readers left it above its start too
+(docs/decisions.md, "Failure and protection").
 After such requests end without their data being used (the caller went away,
 store/credit_wait.py; a stalled reader was cut, http/write_budget.py), nobody is about
 to reuse that memory, so ``trim_soon`` asks glibc to return its free pages: once per

@@ -175,8 +175,8 @@ def sample_request(parent: Context | None) -> dict[str, Any] | None:
     """Whether a request continuing ``parent`` (None: none) gets a span: None for no
     span, else the attributes its span starts with. A request without a valid parent is
     head-sampled here at the configured ratio (a random draw instead of an SDK span whose
-    sampler says no: that span alone cost ~4-7 us a request); one with a parent follows
-    it under a parent-based sampler."""
+    sampler says no: docs/speed.md, "Head sampling before spans"); one with a parent
+    follows it under a parent-based sampler."""
     ratio = _root_ratio
     if ratio is None:
         return {}

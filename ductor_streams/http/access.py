@@ -43,8 +43,7 @@ async def authorize(
     """Route guard: verifies the token and the route's scope (``opt["scope"]``).
 
     Async on purpose although it never awaits: Litestar runs a sync guard in a worker
-    thread, a thread hand-off on every request (bench/README.md, History: "Trimming the
-    HTTP path")."""
+    thread, a thread hand-off on every request (docs/decisions.md, "The HTTP path")."""
     principal = authenticate(
         connection.scope["headers"],
         connection.path_params.get("run_id"),

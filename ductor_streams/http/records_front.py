@@ -3,7 +3,7 @@
 Appends and reads carry nearly all of the service's requests. py-spy put about two
 thirds of the server's CPU per append in the framework's layers (routing, handler
 signature and parameter resolution, guard layering, response objects), far more than
-the append itself (bench/README.md). So ``StreamsApp`` (http/app.py) answers exactly
+the append itself (docs/speed.md, "Records front"). So ``StreamsApp`` (http/app.py) answers exactly
 these two routes here, with the same guard function (``access.authenticate``), the same
 core functions (``routes_records.append_answer`` / ``read_answer``) and the same problem
 mapping (``problems.error_for``), and hands every other request to Litestar untouched.

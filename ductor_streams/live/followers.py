@@ -165,7 +165,7 @@ class Followers:
 
         With more than ``FEED_MAX_SUBSCRIBERS`` the follower reads instead: a fan-out
         that long is CPU-bound, and the records committed during a read go out together
-        (the measurement that set the bound: bench/README.md, History).
+        (docs/decisions.md, "Wakes and live delivery").
         """
         follower = self._followers.get(stream_pk)
         return follower is not None and follower.subscriber_count <= FEED_MAX_SUBSCRIBERS

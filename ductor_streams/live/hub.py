@@ -14,9 +14,9 @@ notifications sent while it was away are lost.
 A hub made with ``listen_on_demand`` (a Temporal worker's, whose activities rarely wait
 for a wake) keeps its connection but LISTENs only while someone watches, and for
 ``LISTEN_LINGER_SECONDS`` after the last watcher left. Otherwise such a worker would
-take every wake of the whole deployment, one per append statement and stream: at 100
-streaming activities about 5,000 a second, each decoded by the worker and sent to it
-by a Postgres backend of its own (bench/README.md, "Workers LISTEN on demand"). A
+take every wake of the whole deployment, one per append statement and stream, each
+decoded by the worker and sent to it by a Postgres backend of its own
+(docs/decisions.md, "Wakes and live delivery"). A
 watcher that arrives while nobody listens is woken, as after a reconnect, once the
 LISTEN is in place: what committed before that was not announced to it.
 """

@@ -54,7 +54,8 @@ def record_wake(stream_pk: int, records: list[Record]) -> str | None:
 
 def _record_type() -> type[Record]:
     """store.models.Record, imported on first use (the cycle above), then kept: an
-    import statement per wake was a quarter of the parse (1.7 of 7.6 us)."""
+    import statement per wake was a quarter of the parse (docs/speed.md, "Cheap request
+    observation")."""
     global _record
     if _record is None:
         from ductor_streams.store.models import Record

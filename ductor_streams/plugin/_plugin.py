@@ -43,8 +43,8 @@ class StreamsPlugin(SimplePlugin):
 
     ``tune_gc``: once the first worker of the process has opened the runtime, the
     objects alive then leave garbage collection and full collections become ten times
-    rarer (``ductor_streams.gc_tuning``: full collections held a worker's event loop
-    40-80 ms, stalling every streaming activity). Pass False to leave the process's
+    rarer (``ductor_streams.gc_tuning``: full collections held a worker's event loop for
+    tens of milliseconds, stalling every streaming activity). Pass False to leave the process's
     collector alone.
     """
 

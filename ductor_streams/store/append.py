@@ -208,8 +208,8 @@ class Appender:
         self._queues: dict[int, _StreamQueue] = {}
         self._ready: dict[int, None] = {}  # streams with requests and no group in flight
         # The records queued for the streams in ``_ready``, kept as they come and go: a
-        # sum over the ready streams at each request was 3% of an activity worker's CPU
-        # with 100 writers (bench/README.md, History).
+        # sum over the ready streams at each request grows with the writers, and showed
+        # in an activity worker's profile with 100 of them.
         self._ready_records = 0
         self._in_flight = 0  # append statements running now
         self._max_statements = max_statements
@@ -456,10 +456,11 @@ class Appender:
                 self.wakes.announce(wake, more_coming=self._in_flight > 1 or bool(self._ready))
         # Fed before the answers are set: the follower and the requests' tasks each wake
         # one turn of the event loop later, in that order, so the fan-out goes first.
-        # Each subscriber's write is ~11 us and an answer's path ~10 times that, so the
+        # A subscriber's write costs a small fraction of an answer's path, so the
         # subscribers' waits together are shortest this way. A stream is fed only while
         # it has at most 128 subscribers here (live FEED_MAX_SUBSCRIBERS), so an answer
-        # waits for at most that many writes (the measurement: bench/README.md, History).
+        # waits for at most that many writes (docs/decisions.md, "Wakes and live
+        # delivery").
         if feed is not None and followed:
             if records is None:
                 records = committed_records(group, outcomes, appended_at)

@@ -7,8 +7,9 @@ safety interval in case a wake was lost, and once more at the deadline.
 
 A refused request is not sent again at every such chance, though. Sending a batch costs
 its whole size again (over STAGED_STATEMENT_BYTES, a COPY into a staging table that is
-read back into one array), and most wakes free too little: 15 abandoned 60 MB appends
-re-sent at every wake kept a Postgres backend busy for minutes. So after
+read back into one array), and most wakes free too little: abandoned large appends
+re-sent at every wake kept a Postgres backend busy until their deadlines
+(docs/decisions.md, "Failure and protection"). So after
 a refusal each chance is first looked at with ``stream_credit_probe`` (a few columns of
 the stream's row, no payload): the batch goes again only when the row says it could
 fit now (or something other than credit would decide it). A batch is then sent at most

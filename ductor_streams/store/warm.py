@@ -3,10 +3,10 @@
 The first append statement on a fresh connection pays for more than its work: asyncpg
 introspects the statement's array and jsonb types and prepares it (a round trip each),
 and the Postgres backend compiles the plpgsql append functions and plans every
-statement inside them. Measured here: 14-19 ms for the first call against 1 ms for
-the next; under load, with 100 activities starting to append at once (a restarted
-worker's resumed activities, say), the first statements on new connections began up to
-74 ms after they were sent (bench/README.md, "Warm connections").
+statement inside them: the first call costs many times the next, and under load, with
+many activities starting to append at once (a restarted worker's resumed activities,
+say), the first statements on new connections began tens of milliseconds after they
+were sent (docs/speed.md, "Warm connections").
 
 So each connection of the store's pool runs the append statements once when it opens,
 for a stream that cannot exist (``stream_pk`` -1): every lookup finds nothing, nothing

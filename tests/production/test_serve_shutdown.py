@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from bench.shutdown import run_scenario
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from tests.conftest import JWT_SECRET
+from tests.support.shutdown import run_scenario
 
 
 @pytest.mark.timeout(240)

@@ -1,8 +1,9 @@
-"""bench/token_floor.py, the floors bench.activity_streams prints beside the activity load
-(bare, and ``--sql`` with the product's statement and wakes), and bench/sse_followers.py,
-which times them all: their figures are quoted, so each floor must store and deliver
-every token once, in order, and the followers must time a record by the bytes that
-completed it."""
+"""tests/support/token_floor.py (``python -m bench.token_floor``), the floors
+bench.activity_streams prints beside the activity load (bare, and ``--sql`` with the
+product's statement and wakes), and tests/support/sse_records.py, the parser with which
+bench/sse_followers.py times them all: their figures are quoted, so each floor must
+store and deliver every token once, in order, and the followers must time a record by
+the bytes that completed it."""
 
 from __future__ import annotations
 
@@ -13,8 +14,8 @@ import time
 
 import asyncpg
 
-from bench import token_floor
-from bench.sse_followers import RecordParser
+from tests.support import token_floor
+from tests.support.sse_records import RecordParser
 
 STREAMS = 3
 TOKENS = 20

@@ -1,4 +1,5 @@
-"""bench/wrk_loadgen.py maps bench.append's load spec onto wrk: one thread per path.
+"""tests/support/wrk_script.py (run by bench/wrk_loadgen.py) maps bench.append's load
+spec onto wrk: one thread per path.
 
 Unit tests of the mapping and of reading wrk's answer; the benchmark itself runs wrk.
 """
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from bench.wrk_loadgen import parse, script
+from tests.support.wrk_script import parse, script
 
 BODY = {"records": [{"payload": {"n": 1}}]}
 HEADERS = {"Authorization": "Bearer t0k"}

@@ -372,8 +372,8 @@ async def test_a_claimed_record_is_signalled_in_the_claims_own_turn_of_the_loop(
     store: Store, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Not from a task queued behind whatever this turn has queued already (the HTTP
-    # answers, other wakes): that wait was 0.4 ms p50 and 18 ms p99 per input record
-    # (bench/README.md, "Input -> workflow").
+    # answers, other wakes): that wait was in every input record's path, and long in the
+    # tail (docs/temporal.md, "Input delivery").
     ref, wait, dispatcher = await one_stream(store, pool, "run-turn")
     seen_next_turn: list[int] = []
     claim = dispatcher._claim

@@ -99,8 +99,8 @@ async def test_sigkilled_dispatcher_is_taken_over_without_loss_or_repeat(
 # With the default lease (1.5 s; no DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS): the survivor
 # must hold (or have delivered) every row the killed one held within this long of the
 # kill: one lease and a second for its wake and claim. How soon it then sends them is
-# Temporal's speed on the machine at the time, measured by bench.takeover, not here
-# (on a quiet machine 0.2-0.9 s more); the test bounds it loosely, to catch a stall.
+# Temporal's speed on the machine at the time (docs/decisions.md, "Input delivery"),
+# so the test bounds it loosely, to catch a stall.
 KILL_TAKEOVER_SECONDS = 2.5
 KILL_DELIVERED_SECONDS = 10.0
 # Inputs per run of these two tests: waves of WAVE until the dispatcher to stop holds a

@@ -75,9 +75,9 @@ class AttemptState:
         """A writer or reader opened: heartbeat now (or within the interval). The SDK
         sends an attempt's first heartbeat to Temporal at once and later ones at most
         once per throttle interval, so the one that costs a round trip goes out here,
-        before the first record, and not with it (100 activities opening together: the
-        records over 20 ms at SSE in the load's first second, median of 7 pairs, fell
-        from 969 to 336; bench/README.md, "The first heartbeat at open")."""
+        before the first record, and not with it: with many activities opening together
+        those round trips landed on their first records (docs/decisions.md, "Streaming
+        activities")."""
         self._open += 1
         self.heartbeat()
 

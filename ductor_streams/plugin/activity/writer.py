@@ -11,7 +11,7 @@ at once when it is full (``max_batch_records`` / ``max_batch_bytes``) or on ``fl
 and exit, and while one is in flight the next fills up. So a token every 20 ms goes
 out with no added delay, and a writer as fast as it can sends large batches. (A linger
 counted from each batch's first record would delay every record of a slow writer by
-``linger`` and batch nothing: measured with 100 writers at 50 records/s each.)
+``linger`` and batch nothing, as it did with 100 writers at 50 records/s each.)
 ``write`` waits while ``max_pending_records`` are queued: a stream out of credit holds
 the producer back.
 
@@ -372,8 +372,8 @@ class StreamWriter:
         while True:
             # Watched from before the attempt, so that an ack committed between the
             # refusal and the wait still wakes it. A stream credit cannot refuse needs no
-            # watch: per batch it was a twentieth of the worker's CPU at 100 writers
-            # (bench/README.md, History).
+            # watch, and a watch per batch was a visible share of the worker's CPU at 100
+            # writers (docs/speed.md, "Credit watch only where credit can refuse").
             watch = hub.watch(ref.stream_pk) if self._refusable else _NO_WATCH
             with watch as woken:
                 try:

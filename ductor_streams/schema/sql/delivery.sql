@@ -53,12 +53,12 @@ RETURNING d.delivery_id, d.stream_pk, d.sequence, d.attempts, d.created_at,
 
 -- name: delivery_claim_stream
 -- delivery_claim for stream $6 only (a wake named it): its head is one index lookup,
--- where open_delivery_heads walks every stream with an open delivery, of every tenant
--- (0.35 ms with none, 48 ms with 10,000: python -m bench.claims). The rest of the
+-- where open_delivery_heads walks every stream with an open delivery, of every tenant,
+-- so its cost grows with them (docs/speed.md, "Named claims"). The rest of the
 -- statement is delivery_claim's, word for word (tests/temporal/test_named_claims.py
 -- compares them). One stream, not an array of them, and not delivery_claim with a NULL
--- argument: either kept Postgres on custom plans, planned anew at each call (1.4-1.8
--- against 0.5 ms a claim).
+-- argument: either kept Postgres on custom plans, planned anew at each call, which cost
+-- about three times a claim on the generic plan (docs/speed.md, "Named claims").
 WITH named_head AS (
     -- Found without locking, as the view finds heads: locking here with SKIP LOCKED
     -- would pass a head that a concurrent claim holds and take the delivery behind it,

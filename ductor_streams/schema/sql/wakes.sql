@@ -5,8 +5,8 @@
 -- travel as one text each: payloads ($5) joined by U+001E (compact JSON never holds that
 -- control character raw: it is escaped inside strings) and sizes ($6) joined by commas;
 -- objects ($7) are NULL when no record has one (unnest pads a NULL array with NULLs).
--- asyncpg's binary encoding of text[]/integer[]/jsonb[] cost ~1.5 us of client CPU a
--- record (100-record statement: ~300 -> ~175 us). $8: NOTIFY at commit (the statement
+-- asyncpg encodes text[]/integer[]/jsonb[] element by element, which cost client CPU
+-- per record (docs/speed.md, "Joined text arguments"). $8: NOTIFY at commit (the statement
 -- is alone in flight) or not (the caller announces the commit afterwards, wake_send).
 -- appended_at: now() is the transaction's start, the records' appended_at (live
 -- delivery of this process builds the committed records from it without a read).
@@ -40,8 +40,9 @@ SELECT count(pg_notify('workflow_streams', w))
 -- name: append_stage_payloads
 -- A statement's payloads, for one that carries more than store/append.py's
 -- STAGED_STATEMENT_BYTES: they are COPYed here in the statement's own transaction, in
--- chunks (one Bind message of 60 MB holds the client's event loop ~80 ms), and the
--- staged forms of the append statements below read them back in order.
+-- chunks (one Bind message of a large batch holds the client's event loop for tens of
+-- milliseconds: docs/speed.md, "Staged statements"), and the staged forms of the append
+-- statements below read them back in order.
 CREATE TEMP TABLE append_staged_payloads (ord integer, payload text) ON COMMIT DROP;
 
 -- name: records_append_group_staged

@@ -4,8 +4,8 @@
 -- 0005's loop ran SQL statements for every request: a sum over a slice of p_sizes and an
 -- INSERT ... SELECT FROM unnest(slices), plus one into input_deliveries for an input
 -- stream. Those statements, not the decision, were the cost, and it caps what one stream
--- can take: with one connection, ~80 us per extra request in a group; and a slice of a
--- text[] argument walks it from the start, so 5,000 single-record requests took ~350 ms.
+-- can take: every extra request in a group paid those statements; and a slice of a
+-- text[] argument walks it from the start, so a group's cost grew with its size squared.
 -- Now (outcomes unchanged; see tests/speed/test_append_function.py):
 --   * one query before the loop gives the running byte total at every record, so a
 --     request's bytes are the difference of two array elements;
@@ -22,16 +22,12 @@
 --   * ONE insert into input_deliveries for the whole appended range of an input stream.
 -- The streams UPDATE and the optional NOTIFY are as before. Everything is linear in the
 -- group's size: the text[] arguments are only read by unnest, never subscripted.
--- Measured on a busy 2-core machine, one asyncpg connection, groups of keyless
--- single-record requests, ms per statement with its commit, before -> after: group of 1
--- ~0.7 -> ~0.7; 16: ~2.0 -> ~1.2; 64: ~5.9 -> ~2.6 (~80 -> ~30 us per extra request,
--- most of it now the rows themselves: heap, index and foreign-key check); 5 requests of
--- 100 records: ~11 -> ~10. The function alone (rolled back), 5,000 single-record
--- requests: ~350 -> ~70 ms.
+-- What an extra request in a group costs is now mostly its rows (heap, index); measure
+-- with python -m bench.append_floor (docs/speed.md, "Group commit and stream groups").
 --
 -- (A per-request expansion in SQL, generate_series(1, count) per request, was tried
 -- instead of v_seq: its 1,000-rows-per-call estimate made Postgres JIT-compile the
--- insert for large groups, ~340 ms per call.)
+-- insert for large groups, which cost far more than the insert itself.)
 
 CREATE OR REPLACE FUNCTION workflow_streams.append_requests(
     p_stream_pk bigint,

@@ -8,7 +8,7 @@
 -- an accepted record's cumulative_bytes in v_cum beside its sequence in v_seq, so the
 -- insert is a plain unnest. Outcomes and stored rows are unchanged
 -- (tests/speed/test_append_function.py and the credit and group-commit tests).
--- Measured (python -m bench.append_floor, interleaved with 0008): docs/credit.md.
+-- Measure: python -m bench.statement_costs (docs/speed.md, "Group commit and stream groups").
 
 CREATE OR REPLACE FUNCTION workflow_streams.append_requests(
     p_stream_pk bigint,

@@ -2,9 +2,8 @@
 --
 -- A NOTIFY at commit is not free even for one writer: Postgres signals every listening
 -- backend, each wakes, reads the queue in a transaction of its own and passes the
--- notification to its client, and the listening process wakes too. With one client on
--- one stream (bench.append 1x1, 3 interleaved pairs): 1,017-1,051/s notifying against
--- 1,242-1,927/s not (docs/credit.md).
+-- notification to its client, and the listening process wakes too: for one client on
+-- one stream that is a large share of an append (docs/speed.md, "Wakes after commit").
 --
 -- Who waits for a record wake ('r<pk>'): the input dispatcher (input streams only) and
 -- live followers, in any process. So output streams now carry watched_until: a process

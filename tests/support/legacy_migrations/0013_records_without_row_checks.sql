@@ -3,10 +3,9 @@
 --
 -- A foreign key is checked per inserted row: Postgres queues a trigger per row that
 -- looks the stream up and locks it FOR KEY SHARE. On a 100-record append that was half
--- of the statement (bench.statement_costs style probe, 5 rounds: append_requests for 100
--- records 1,291 us median with the key against 640 us without; a bare 100-row insert
--- 1,225 against 411 us). A statement-level trigger doing the same check cost about
--- 300-400 us a statement, as much as a whole 1-record append, so it is not used either.
+-- of the statement (docs/speed.md, "Records without foreign keys"). A statement-level
+-- trigger doing the same check cost as much as a whole 1-record append, so it is not
+-- used either (docs/decisions.md, "The append path in Postgres").
 --
 -- Why no record can name a missing stream: only workflow_streams.append_requests writes
 -- either table, and it inserts only after it has locked the stream's row FOR UPDATE

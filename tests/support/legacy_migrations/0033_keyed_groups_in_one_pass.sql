@@ -4,9 +4,9 @@
 -- an idempotency key; any key sent the group through append_requests (its row lock,
 -- receipt look-up and insert, record insert and update, one group at a time). Every
 -- batch of an activity's stream_writer carries a key (ds:act:<digest>:<attempt>:<n>),
--- so at 100 streaming activities every group of every statement took that path:
--- bench.keyed_groups, 32 one-request groups of 2 records, 134 us of Postgres CPU a
--- request with keys against 44 without (bench/README.md, History).
+-- so at 100 streaming activities every group of every statement took that path, at
+-- about three times the Postgres CPU of a keyless request (docs/speed.md, "Keyed groups
+-- in one pass").
 --
 -- A request with a key is appended exactly as one without when its key has no
 -- receipt on the stream and no earlier request of its group has the same key: then

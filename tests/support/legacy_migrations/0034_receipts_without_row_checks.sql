@@ -3,10 +3,8 @@
 --
 -- Every batch of an activity's stream_writer carries an idempotency key, so each stores
 -- a receipt, and the key's per-row check (a trigger that looks the stream up and locks
--- it FOR KEY SHARE) ran once per batch: at 100 streaming activities ~2,500 a second.
--- bench.keyed_groups, 32 one-request groups of 2 records with keys: Postgres CPU a
--- request with the key against without it is in bench/README.md (History, "Streaming
--- activities at 100 streams").
+-- it FOR KEY SHARE) ran once per batch: at 100 streaming activities thousands a second
+-- (docs/speed.md, "Records without foreign keys").
 --
 -- Why no receipt can name a missing stream: only append_requests and
 -- append_stream_groups write receipts, each after it has locked the stream's row (FOR

@@ -7,9 +7,9 @@
 -- Postgres on it. The wakes the appender sends after a commit (store/wakes.py) carried
 -- the records when they were few and small (live/record_wakes.py), and followers fanned
 -- those out without a read. At 100 streaming activities most statements are alone in
--- flight, so about half of the records were read back (bench.activity_streams --hops:
--- records_read_by_serve); each read cost the server and Postgres a round trip and the
--- record a few milliseconds (bench/README.md, History).
+-- flight, so about half of the records were read back; each read cost the server and
+-- Postgres a round trip and the record its latency (docs/speed.md, "Wakes that carry
+-- records").
 --
 -- records_wake builds the payload exactly as record_wake does in Python
 --

@@ -1,13 +1,11 @@
 -- 0037: append_stream_groups moves every stream of the statement with one UPDATE and
 -- sends their wakes with one pg_notify statement, instead of one of each per group.
 --
--- At 100 streaming activities a statement carries about 15 groups of one record each
--- (bench.activity_streams), and Postgres spent ~95 us of CPU per record on it. Most of
--- that was fixed cost per group: each UPDATE and each PERFORM pg_notify in the plpgsql
--- loop starts an executor of its own (~30 us for the UPDATE, ~8 us for the wake, on this
--- project's 2-core machines; timed once with scratch functions, bench/README.md). One set-based UPDATE over the groups costs about half the
--- loop's: a statement of one record on each of 16 streams 1.06-1.47 -> 0.81-1.03 ms
--- (bench.append_floor, its "16 streams" rows).
+-- At 100 streaming activities a statement carries about 15 groups of one record each,
+-- and most of its Postgres CPU was fixed cost per group: each UPDATE and each PERFORM
+-- pg_notify in the plpgsql loop starts an executor of its own. One set-based UPDATE over
+-- the groups costs about half the loop's (docs/speed.md, "One UPDATE for a statement's
+-- streams"; measure with python -m bench.append_floor, its "16 streams" rows).
 --
 -- Locks: appenders take the rows of a statement in ascending stream_pk (the groups come
 -- sorted, one per stream, store/append.py), so two statements never wait on each other

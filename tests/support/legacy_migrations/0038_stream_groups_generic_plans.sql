@@ -9,9 +9,8 @@
 -- statements were small the average stays low and every later call plans its
 -- statements again; a connection that began with large statements uses the generic
 -- plans. Which one a connection gets depends on its history, and planning was a third
--- of Postgres's CPU for a statement of 1-4 streams (perf; per statement, one record on
--- each stream: 1 stream 746 -> 401 us of backend CPU, 4 streams 766 -> 436, 16 streams
--- 1,159 -> 949, 40 streams 2,017 -> 1,836, with generic plans forced; bench/README.md).
+-- of Postgres's CPU for a statement of 1-4 streams (docs/speed.md, "Generic plans for
+-- the several-stream statement").
 --
 -- The generic plans are the ones a connection gets once its statements grew large:
 -- index lookups only (0037's SET clauses), the same plans at every size. Nothing else

@@ -8,8 +8,8 @@
 -- and for a key with a receipt (an index probe each), joined by UNION ALL. With one
 -- request a group, request g is group g's and no key can appear twice in a group: the
 -- loops and the first half have nothing to find. The other shapes keep 0033's look.
--- What the keys add to a 16-stream statement of one-record requests: 143-196 -> 90-138
--- us (python -m bench.keyed_groups --streams 16 --records 1, 3 pairs; bench/README.md).
+-- What the keys add to a statement falls by about a third (docs/speed.md, "Keyed groups
+-- in one pass"; measure with python -m bench.keyed_groups --streams 16 --records 1).
 --
 -- Nothing else changes: outcomes, rows, locks, receipts and wakes are 0037's, and the
 -- function keeps 0037's SET clauses and 0038's plan_cache_mode (CREATE OR REPLACE sets

@@ -7,20 +7,13 @@ once A ends their response. After the writers stop, the stream is closed and eve
 subscriber must have seen 1..latest exactly once, and the stream must hold every
 acknowledged record exactly once.
 
-    python -m bench.shutdown [--writers 16] [--subscribers 100] [--runs 5]
-
-prints the exit time of each run and the median. ``tests/production`` runs the same
-scenario once and asserts its bounds.
+tests/production/test_serve_shutdown.py runs the scenario and asserts its bounds.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
-import json
 import signal
-import statistics
-import tempfile
 import time
 import uuid
 from collections import Counter
@@ -233,57 +226,3 @@ async def _stored(
         if body["next_cursor"] == cursor:
             return out
         cursor = body["next_cursor"]
-
-
-def main() -> None:
-    from bench.environment import bench_token, isolated_database, postgres_server
-    from ductor_streams.schema.migrate import migrate
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--writers", type=int, default=16)
-    parser.add_argument("--subscribers", type=int, default=100)
-    parser.add_argument("--runs", type=int, default=5)
-    args = parser.parse_args()
-    secret = "bench-" + "s" * 32
-    times = []
-    with postgres_server() as server_dsn, isolated_database(server_dsn) as dsn:
-        asyncio.run(migrate(dsn))
-        settings = Settings(database_url=dsn, jwt_secret=secret)
-        for run in range(args.runs):
-            with tempfile.TemporaryDirectory() as tmp:
-                result = asyncio.run(
-                    run_scenario(
-                        settings,
-                        bench_token(secret),
-                        writers=args.writers,
-                        subscribers=args.subscribers,
-                        log_dir=Path(tmp),
-                    )
-                )
-            times.append(result.exit_seconds)
-            print(
-                json.dumps(
-                    {
-                        "run": run + 1,
-                        "exit_s": round(result.exit_seconds, 3),
-                        "exit_code": result.exit_code,
-                        "acked": result.acked,
-                        "stored": result.stored,
-                        "duplicates": result.duplicates_stored,
-                        "acked_missing": result.acked_missing,
-                        "subscribers_complete": result.subscribers_complete,
-                        "reconnect_events": result.reconnect_events,
-                        "writer_statuses": dict(result.writer_statuses),
-                    }
-                ),
-                flush=True,
-            )
-    print(
-        f"serve shutdown under {args.writers} writers and {args.subscribers} SSE subscribers: "
-        f"median {statistics.median(times):.2f} s over {len(times)} runs "
-        f"(min {min(times):.2f}, max {max(times):.2f})"
-    )
-
-
-if __name__ == "__main__":
-    main()
