@@ -1,7 +1,8 @@
 """The benchmark suite: ``python -m bench`` (or ``make bench``) runs every part in one go.
 
     python -m bench [--only append,sse,temporal,objects,tracing,ds,reads,fairness,failover,
-                            pooler] [--runs 3] [--seconds 5]
+                            pooler,floors] [--runs 3] [--seconds 5]
+    python -m bench floors                      # parts named without --only
 
 Parts (each a module with ``main(argv) -> int``, run in its own process so that one
 part's event loop, threads or crash cannot disturb the next):
@@ -25,6 +26,9 @@ part's event loop, threads or crash cannot disturb the next):
   soon after the new primary takes writes appends are answered 2xx (bench/failover.py)
 - ``pooler``: appends/s at 1 and 16 clients through PgBouncer in transaction mode
   (started here) beside a direct connection, paired per run (bench/pooler.py)
+- ``floors``: the speed floors in one command: fan-out at 1,000 and 100 subscribers,
+  token -> SSE at 100 activities (aligned and spread), input -> workflow, each against
+  its floor in alternating repetitions; its last line is one JSON object (bench/floors.py)
 
 A part whose module is absent is reported and skipped. Every part gets the same
 Postgres server ($DUCTOR_STREAMS_BENCH_DATABASE_URL, else $DUCTOR_STREAMS_TEST_DATABASE_URL,
@@ -54,6 +58,7 @@ PARTS = {
     "fairness": "bench.fairness",
     "failover": "bench.failover",
     "pooler": "bench.pooler",
+    "floors": "bench.floors",
 }
 
 
@@ -78,16 +83,24 @@ def main(argv: list[str] | None = None) -> int:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
+        "parts", nargs="*", help="parts to run, as --only (e.g. `python -m bench floors`)"
+    )
+    parser.add_argument(
         "--only",
-        default=",".join(PARTS),
         help="comma-separated parts to run (default: all): " + ", ".join(PARTS),
     )
     parser.add_argument(
-        "--runs", type=int, default=3, help="append, ds, reads, pooler: runs per shape (median)"
+        "--runs",
+        type=int,
+        default=3,
+        help="append, ds, reads, pooler: runs per shape (median); floors: repetitions",
     )
-    parser.add_argument("--seconds", type=float, default=5.0, help="append, ds: seconds per run")
+    parser.add_argument(
+        "--seconds", type=float, default=5.0, help="append, ds, floors: seconds per run"
+    )
     args = parser.parse_args(argv)
-    chosen = [p.strip() for p in args.only.split(",") if p.strip()]
+    named = [*args.parts, *(args.only.split(",") if args.only else [])]
+    chosen = [p.strip() for p in named if p.strip()] or list(PARTS)
     unknown = [p for p in chosen if p not in PARTS]
     if unknown:
         parser.error(f"unknown part(s) {unknown}; choose from {', '.join(PARTS)}")
@@ -104,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         for name in chosen:
             part_argv = (
                 ["--runs", str(args.runs), "--seconds", str(args.seconds)]
-                if name in ("append", "ds")
+                if name in ("append", "ds", "floors")
                 else ["--runs", str(args.runs)]
                 if name in ("reads", "pooler")
                 else []

@@ -131,6 +131,9 @@ class _SseClient(asyncio.Protocol):
         self._head = b""
         self._tail = b""
         self._in_body = False
+        # Ids that came again, after a higher one, or were never appended (must stay 0).
+        self.disorder = 0
+        self._last = 0
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         transport.write(self.request)  # type: ignore[attr-defined]
@@ -158,9 +161,12 @@ class _SseClient(asyncio.Protocol):
         times = self.times
         for match in _ID.finditer(complete):
             sequence = int(match.group(1))
-            if sequence < len(times) and times[sequence] == 0.0:
-                times[sequence] = now
-                self.poll_times[sequence] = polled
+            if sequence <= self._last or sequence >= len(times):
+                self.disorder += 1
+                continue
+            self._last = sequence
+            times[sequence] = now
+            self.poll_times[sequence] = polled
         if _END in complete and not self.done.done():
             self.done.set_result(None)
 
@@ -198,7 +204,8 @@ async def _subscribers(
     await asyncio.wait_for(asyncio.gather(*(p.done for _, p in clients)), timeout=600)
     for transport, _ in clients:
         transport.close()
-    return all_times + all_poll_times
+    disorder = array.array("d", (float(p.disorder) for _, p in clients))
+    return [*all_times, *all_poll_times, disorder]
 
 
 def _subscriber_process(
@@ -483,7 +490,7 @@ async def one_run(
 
         latencies: list[float] = []
         poll_latencies: list[float] = []
-        missing = 0
+        missing = disorder = 0
         for child, parent_end in children:
             ready = await asyncio.to_thread(parent_end.poll, 600)
             if not ready:
@@ -491,7 +498,11 @@ async def one_run(
             answer = parent_end.recv()
             if isinstance(answer, str):
                 raise RuntimeError(f"subscribers failed: {answer}")
-            # The callback times of each subscriber, then the poll times of each.
+            # The callback times of each subscriber, then the poll times of each, then
+            # each subscriber's ids out of order (bench/floors.py checks them).
+            disorder_counts = array.array("d")
+            disorder_counts.frombytes(answer.pop())
+            disorder += int(sum(disorder_counts))
             half = len(answer) // 2
             for k, raw in enumerate(answer):
                 times = array.array("d")
@@ -510,6 +521,7 @@ async def one_run(
         "achieved_rate": round(total / produced_in, 1),
         "deliveries": len(latencies),
         "missing": missing,
+        "disorder": disorder,
         **{k: round(v, 2) for k, v in _percentiles(latencies).items()},
         "append_p50_ms": round(_percentiles(answered)["p50_ms"], 2),
         **{
@@ -624,6 +636,7 @@ _COLUMNS = (
     ("rate/s", "achieved_rate", 7),
     ("deliveries", "deliveries", 10),
     ("missing", "missing", 7),
+    ("disorder", "disorder", 8),
     ("p50 ms", "p50_ms", 7),
     ("p99 ms", "p99_ms", 7),
     ("max ms", "max_ms", 7),

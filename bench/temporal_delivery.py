@@ -54,6 +54,8 @@ import sys
 import tempfile
 import time
 import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -107,9 +109,10 @@ def percentiles(samples_ms: list[float]) -> dict[str, float]:
     }
 
 
-async def signal_times(handle: WorkflowHandle[Any, Any]) -> dict[int, float]:
-    """sequence -> epoch seconds at which Temporal recorded its input signal."""
-    times: dict[int, float] = {}
+async def signal_events(handle: WorkflowHandle[Any, Any]) -> list[tuple[int, float]]:
+    """(sequence, epoch seconds at which Temporal recorded it) of every input signal of
+    the workflow, in the order of its history (repeats included)."""
+    events: list[tuple[int, float]] = []
     async for event in handle.fetch_history_events():
         if event.event_type != EventType.EVENT_TYPE_WORKFLOW_EXECUTION_SIGNALED:
             continue
@@ -117,15 +120,40 @@ async def signal_times(handle: WorkflowHandle[Any, Any]) -> dict[int, float]:
         if attributes.signal_name != INPUT_SIGNAL:
             continue
         body = json.loads(attributes.input.payloads[0].data)
-        times.setdefault(int(body["sequence"]), event.event_time.ToNanoseconds() / 1e9)
+        events.append((int(body["sequence"]), event.event_time.ToNanoseconds() / 1e9))
+    return events
+
+
+async def signal_times(handle: WorkflowHandle[Any, Any]) -> dict[int, float]:
+    """sequence -> epoch seconds at which Temporal recorded its (first) input signal."""
+    times: dict[int, float] = {}
+    for sequence, at in await signal_events(handle):
+        times.setdefault(sequence, at)
     return times
 
 
-async def latency(
-    client: Client, settings: Settings, samples: int, workdir: Path, hops: bool = False
-) -> dict[str, Any]:
-    run_id = f"lat-{uuid.uuid4().hex[:8]}"
-    token = issue_token(
+@dataclass
+class InputRun:
+    """One run of input records to a workflow: when each was sent (epoch seconds, by
+    sequence), the signals Temporal recorded (``signal_events``, in history order), and
+    what the workflow returned."""
+
+    handle: WorkflowHandle[Any, Any]
+    sent: dict[int, float]
+    answered_ms: list[float]
+    result: int
+    signals: list[tuple[int, float]] = field(default_factory=list)
+
+    def latencies_ms(self) -> list[float]:
+        """Each record's time from just before it was sent to its first signal event."""
+        recorded: dict[int, float] = {}
+        for sequence, at in self.signals:
+            recorded.setdefault(sequence, at)
+        return [(recorded[s] - t) * 1000 for s, t in self.sent.items() if s in recorded]
+
+
+def input_token(settings: Settings, run_id: str) -> str:
+    return issue_token(
         settings.jwt_secret or "",
         sub="bench",
         tenant=settings.tenant,
@@ -133,8 +161,111 @@ async def latency(
         runs=[run_id],
         ttl_seconds=3600,
     )
+
+
+async def http_input_run(
+    client: Client,
+    server: ServerProcess,
+    settings: Settings,
+    samples: int,
+    on_sent: Callable[[httpx.AsyncClient], Awaitable[None]] | None = None,
+) -> InputRun:
+    """``samples`` one-record appends over HTTP to a new ``SinkWorkflow``'s input stream
+    through ``server`` (with its dispatcher), one at a time, ``PAUSE_SECONDS`` apart,
+    then a ``{"done": true}`` record; waits for the workflow's result. ``on_sent`` runs
+    after the last sample, before the ``done`` record (the server's figures)."""
+    run_id = f"lat-{uuid.uuid4().hex[:8]}"
+    token = input_token(settings, run_id)
+    handle = await client.start_workflow(SinkWorkflow.run, id=run_id, task_queue=TASK_QUEUE)
+    path = f"{API}/runs/{run_id}/streams/input/records"
+    sent: dict[int, float] = {}
+    answered: list[float] = []
+    async with httpx.AsyncClient(
+        base_url=server.url, headers={"Authorization": f"Bearer {token}"}, limits=HTTP_LIMITS
+    ) as http:
+        for _ in range(500):  # the workflow creates its stream
+            if (await http.get(path.removesuffix("/records"))).status_code == 200:
+                break
+            await asyncio.sleep(0.01)
+        # Raw keep-alive requests (as bench.sse_latency's producer): no HTTP client
+        # library's own CPU in the figure.
+        producer = Producer("127.0.0.1", server.port, path, token)
+        await producer.connect(1)
+        try:
+            for i in range(samples):
+                started = time.time()
+                write, answer, first = await producer.append(i)
+                answered.append((answer - write) * 1000)
+                sent[first] = started
+                await asyncio.sleep(PAUSE_SECONDS)
+        finally:
+            producer.close()
+        if on_sent is not None:
+            await on_sent(http)
+        await http.post(path, json={"records": [{"payload": {"done": True}}]})
+    return InputRun(handle, sent, answered, await handle.result())
+
+
+async def bare_signal_run(client: Client, samples: int) -> InputRun:
+    """The baseline: ``samples`` bare ``client.signal()`` calls to a ``CountWorkflow``,
+    ``PAUSE_SECONDS`` apart, timed as ``http_input_run`` times its records."""
+    handle = await client.start_workflow(
+        CountWorkflow.run, samples, id=f"base-{uuid.uuid4().hex[:8]}", task_queue=TASK_QUEUE
+    )
+    sent: dict[int, float] = {}
+    answered: list[float] = []
+    for i in range(1, samples + 1):
+        sent[i] = time.time()
+        await handle.signal(INPUT_SIGNAL, {"stream_id": "input", "sequence": i, "payload": {}})
+        answered.append((time.time() - sent[i]) * 1000)
+        await asyncio.sleep(PAUSE_SECONDS)
+    return InputRun(handle, sent, answered, await handle.result())
+
+
+async def append_then_signal_run(client: Client, store: Store, samples: int) -> InputRun:
+    """The floor of ``http_input_run``: per record, ``Store.append`` of it to an input
+    stream (no HTTP, no dispatcher: nothing else claims it) and, once it has committed,
+    a bare signal carrying its sequence to a ``CountWorkflow``; timed from just before
+    the append to Temporal's signal event, ``PAUSE_SECONDS`` apart. A record's signal
+    may leave only once its append has committed, so no version of the input path can
+    measure less than this."""
+    tenant = f"floor-{uuid.uuid4().hex[:6]}"
+    (ref,) = await input_streams(store, tenant, [tenant])
+    handle = await client.start_workflow(
+        CountWorkflow.run, samples, id=f"{tenant}-wf", task_queue=TASK_QUEUE
+    )
+    batches = [encode_batch([{"i": i}]) for i in range(samples)]
+    sent: dict[int, float] = {}
+    answered: list[float] = []
+    for i in range(samples):
+        started = time.time()
+        appended = await store.append(ref, batches[i])
+        sequence = appended.first_sequence
+        await handle.signal(
+            INPUT_SIGNAL, {"stream_id": "input", "sequence": sequence, "payload": {"i": i}}
+        )
+        answered.append((time.time() - started) * 1000)
+        sent[sequence] = started
+        await asyncio.sleep(PAUSE_SECONDS)
+    return InputRun(handle, sent, answered, await handle.result())
+
+
+async def with_signals(run: InputRun) -> InputRun:
+    """``run`` with the signals Temporal recorded for its workflow."""
+    run.signals = await signal_events(run.handle)
+    return run
+
+
+async def latency(
+    client: Client, settings: Settings, samples: int, workdir: Path, hops: bool = False
+) -> dict[str, Any]:
     hops_dir = workdir / "hops"
     hops_dir.mkdir(exist_ok=True)
+    figures: list[dict[str, tuple[float, float]]] = []
+
+    async def scrape(http: httpx.AsyncClient) -> None:
+        figures.append(await server_figures(http))
+
     with ServerProcess(
         settings,
         workers=True,
@@ -142,66 +273,31 @@ async def latency(
         module="bench.hops" if hops else "ductor_streams.cli",
         extra_env={HOPS_ENV: str(hops_dir)} if hops else {},
     ) as server:
-        handle = await client.start_workflow(SinkWorkflow.run, id=run_id, task_queue=TASK_QUEUE)
-        path = f"{API}/runs/{run_id}/streams/input/records"
-        sent: dict[int, float] = {}
-        answered: list[float] = []
-        async with httpx.AsyncClient(
-            base_url=server.url, headers={"Authorization": f"Bearer {token}"}, limits=HTTP_LIMITS
-        ) as http:
-            for _ in range(500):  # the workflow creates its stream
-                if (await http.get(path.removesuffix("/records"))).status_code == 200:
-                    break
-                await asyncio.sleep(0.01)
-            before = await server_figures(http)
-            # Raw keep-alive requests (as bench.sse_latency's producer): no HTTP client
-            # library's own CPU in the figure.
-            producer = Producer("127.0.0.1", server.port, path, token)
-            await producer.connect(1)
-            try:
-                for i in range(samples):
-                    started = time.time()
-                    write, answer, first = await producer.append(i)
-                    answered.append((answer - write) * 1000)
-                    sent[first] = started
-                    await asyncio.sleep(PAUSE_SECONDS)
-            finally:
-                producer.close()
-            means = hop_means(before, await server_figures(http))
-            await http.post(path, json={"records": [{"payload": {"done": True}}]})
-        assert await handle.result() == samples
+        async with httpx.AsyncClient(base_url=server.url, limits=HTTP_LIMITS) as metrics:
+            await scrape(metrics)
+        run = await http_input_run(client, server, settings, samples, on_sent=scrape)
+        assert run.result == samples
         if hops:
             await _dump_notes(server, hops_dir)
-    recorded = await signal_times(handle)
-    ours = percentiles([(recorded[s] - t) * 1000 for s, t in sent.items()])
+    means = hop_means(figures[0], figures[1])
+    await with_signals(run)
+    ours = percentiles(run.latencies_ms())
     hop_rows = None
     if hops:
-        stream_pk = await _stream_pk(settings.database_url or "", run_id)
-        hop_rows = input_hop_table(hops_dir, stream_pk, sent, recorded)
+        recorded = dict(reversed(run.signals))  # the first signal of each sequence
+        stream_pk = await _stream_pk(settings.database_url or "", run.handle.id)
+        hop_rows = input_hop_table(hops_dir, stream_pk, run.sent, recorded)
 
     # Baseline: a bare signal to a workflow, the same measure.
-    base_id = f"base-{uuid.uuid4().hex[:8]}"
-    base = await client.start_workflow(
-        CountWorkflow.run, samples, id=base_id, task_queue=TASK_QUEUE
-    )
-    base_sent: dict[int, float] = {}
-    base_answered: list[float] = []
-    for i in range(1, samples + 1):
-        base_sent[i] = time.time()
-        await base.signal(INPUT_SIGNAL, {"stream_id": "input", "sequence": i, "payload": {}})
-        base_answered.append((time.time() - base_sent[i]) * 1000)
-        await asyncio.sleep(PAUSE_SECONDS)
-    await base.result()
-    base_recorded = await signal_times(base)
-    baseline = percentiles([(base_recorded[s] - t) * 1000 for s, t in base_sent.items()])
+    base = await with_signals(await bare_signal_run(client, samples))
     return {
         "http_append_to_workflow": ours,
-        "of_which_http_append_answered": percentiles(answered),
+        "of_which_http_append_answered": percentiles(run.answered_ms),
         "server_hops_mean_ms": means,
         **({"hops": hop_rows} if hop_rows is not None else {}),
-        "bare_signal_baseline": baseline,
+        "bare_signal_baseline": percentiles(base.latencies_ms()),
         # The bare signal's whole RPC: Temporal answers well after it recorded the event.
-        "of_which_bare_signal_answered": percentiles(base_answered),
+        "of_which_bare_signal_answered": percentiles(base.answered_ms),
     }
 
 
