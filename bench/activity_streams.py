@@ -1,4 +1,4 @@
-"""Benchmark: records streamed from inside activities (``plugin.activity.stream_writer``)
+"""Benchmark: records streamed from inside activities (``plugin.streaming.stream_writer``)
 to SSE, beside the same load through the workflow's ``append`` helper and over HTTP,
 all in one run.
 
@@ -589,7 +589,7 @@ async def _run(args: argparse.Namespace, dsn: str, floor_dsn: str, workdir: Path
         settings,
         log_path=workdir / "serve.log",
         extra_env=extra_env,
-        module="bench.hops" if hops_dir is not None else "ductor_streams.cli",
+        module="bench.hops" if hops_dir is not None else "ductor_streams.process.cli",
     )
     try:
         with server_process as server:

@@ -27,7 +27,7 @@ from bench.activity_streams_workflows import (
 from ductor_streams import temporal_connection
 from ductor_streams.config import Settings
 from ductor_streams.plugin import StreamsPlugin
-from ductor_streams.plugin.activity import stream_writer
+from ductor_streams.plugin.streaming import stream_writer
 
 
 async def _paced(request: TokensRequest) -> Any:

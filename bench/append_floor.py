@@ -35,7 +35,7 @@ import asyncpg
 import uvloop
 
 from bench.environment import isolated_database, postgres_server
-from ductor_streams.definitions import parse_definition
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.schema import QUERIES
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store import Store, StreamKey, encode_batch

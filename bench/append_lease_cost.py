@@ -23,7 +23,7 @@ import time
 import asyncpg
 
 from bench.environment import isolated_database, postgres_server
-from ductor_streams.definitions import parse_definition
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store import Store, StreamKey
 from ductor_streams.store.db import create_pool

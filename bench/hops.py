@@ -25,7 +25,7 @@ server (``install_server``)
 
 Both also note each garbage collection (start, duration, generation: ``gc_pauses`` sums
 them over the load), and at the dump the objects the collector tracks, how many are
-frozen (ductor_streams/gc_tuning.py) and, by type, what a full collection then finds
+frozen (ductor_streams/runtime/gc_tuning.py) and, by type, what a full collection then finds
 unreachable (reference cycles).
 
 Each process writes its notes as JSON to ``$BENCH_HOPS_DIR/<role>-<pid>.json`` when it
@@ -271,8 +271,8 @@ def _made(payload: str) -> float | None:
 
 def install_server() -> None:
     """Wrap the hub, the followers' reads and their fan-outs in this process."""
-    from ductor_streams.live import follower as follower_module
     from ductor_streams.live import hub as hub_module
+    from ductor_streams.live import stream_follower as follower_module
 
     _install_dump("server")
     Hub = hub_module.NotificationHub
@@ -323,7 +323,7 @@ def _install_dispatcher() -> None:
     """Wrap the input path of this process: a local input append's commit reaching the
     dispatcher, its claims and its signals."""
     from ductor_streams.delivery import dispatcher as dispatcher_module
-    from ductor_streams.delivery import service as service_module
+    from ductor_streams.process import dispatcher as service_module
 
     Dispatcher = dispatcher_module.Dispatcher
     Wakes = service_module._InputWakes
@@ -755,7 +755,7 @@ def _print_table(
 def serve_main() -> None:
     """``python -m bench.hops serve ...``: ``ductor-streams`` with the server's wrappers."""
     install_server()
-    from ductor_streams.cli import main
+    from ductor_streams.process.cli import main
 
     sys.exit(main(sys.argv[1:]))
 

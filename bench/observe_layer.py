@@ -33,11 +33,11 @@ import time
 from typing import Any
 
 from bench.tracing import side_env, sink
-from ductor_streams import tracing
 from ductor_streams.config import Settings
-from ductor_streams.http.headers import API_HEADERS
-from ductor_streams.http.observe import REQUEST_ID_HEADER, Request
-from ductor_streams.http.records_front import RECORDS_TEMPLATE
+from ductor_streams.foundation import tracing
+from ductor_streams.http.codecs.headers import API_HEADERS
+from ductor_streams.http.fronts.records import RECORDS_TEMPLATE
+from ductor_streams.http.middleware.observe import REQUEST_ID_HEADER, Request
 from ductor_streams.store.append import _statement_span
 
 _HEADERS = [

@@ -32,7 +32,7 @@ from typing import Any
 import asyncpg
 
 from bench.environment import isolated_database, postgres_server
-from ductor_streams.definitions import parse_definition
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.schema.queries import QUERIES
 from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch

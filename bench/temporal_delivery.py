@@ -76,8 +76,8 @@ from bench.temporal_workflows import CountWorkflow, SinkWorkflow
 from ductor_streams import temporal_connection
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
-from ductor_streams.definitions import parse_definition
 from ductor_streams.delivery import INPUT_SIGNAL
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.plugin import StreamsPlugin
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
@@ -270,7 +270,7 @@ async def latency(
         settings,
         workers=True,
         log_path=workdir / "serve.log",
-        module="bench.hops" if hops else "ductor_streams.cli",
+        module="bench.hops" if hops else "ductor_streams.process.cli",
         extra_env={HOPS_ENV: str(hops_dir)} if hops else {},
     ) as server:
         async with httpx.AsyncClient(base_url=server.url, limits=HTTP_LIMITS) as metrics:

@@ -30,7 +30,7 @@ ENV_PREFIX = "DUCTOR_STREAMS_"
 # The standard variables of Temporal's clients (temporalio.envconfig) that the settings
 # carry on to every client the project makes.
 TEMPORAL_ENV_PREFIX = "TEMPORAL_"
-# OpenTelemetry's standard variables (tracing.py; docs/operators.md): carried to the SDK.
+# OpenTelemetry's standard variables (foundation/tracing.py; docs/operators.md): carried to the SDK.
 OTEL_ENV_PREFIX = "OTEL_"
 OTEL_EXPORTERS = ("otlp", "console", "none")
 OTEL_SAMPLERS = (
@@ -126,10 +126,10 @@ class Settings(BaseModel):
     # None: the file-descriptor limit less what the process needs for itself.
     max_connections: int | None = Field(default=None, ge=16, le=1_000_000)
     # Live reads (SSE, long-poll) of one tenant at once, per process; None: half the
-    # connection cap (http/live_reads.py says why).
+    # connection cap (http/middleware/live_reads.py says why).
     tenant_max_live: int | None = Field(default=None, ge=1, le=1_000_000)
     log_level: str = "INFO"
-    # Origins whose pages may call the API (http/cors.py); empty: no CORS at all.
+    # Origins whose pages may call the API (http/middleware/cors.py); empty: no CORS at all.
     cors_origins: tuple[str, ...] = ()
     # uvicorn's access log (one JSON line per request); off by default: docs/operators.md
     # gives its cost on the append path.
@@ -179,7 +179,7 @@ class Settings(BaseModel):
     object_intent_ttl: float = Field(default=3600.0, ge=1, le=7 * 86_400)
     google_application_credentials: str | None = None
 
-    # OpenTelemetry (tracing.py): every OTEL_* variable, validated where it decides
+    # OpenTelemetry (foundation/tracing.py): every OTEL_* variable, validated where it decides
     # whether and how this process traces.
     otel_environ: dict[str, str] = Field(default_factory=dict, repr=False)
 

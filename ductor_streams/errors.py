@@ -1,7 +1,7 @@
 """Domain errors: one class per condition, each with a stable machine ``code``.
 
 The core raises these; each boundary maps them exactly once (HTTP problems in
-``ductor_streams.http.problems``, Temporal ``ApplicationError`` in
+``ductor_streams.http.codecs.problems``, Temporal ``ApplicationError`` in
 ``ductor_streams.activities``). ``status`` is the HTTP status the contract gives.
 """
 
@@ -487,6 +487,6 @@ class ClientGone(Exception):
     """The client went away before its answer: nothing more is done for it.
 
     Not a domain error (there is nobody to answer): raised by a wait on the client's
-    behalf when its connection closes (store/credit_wait.py, http/disconnect.py), and
+    behalf when its connection closes (store/credit_wait.py, http/middleware/disconnect.py), and
     by a body read that the client abandoned. The HTTP fronts answer nothing.
     """

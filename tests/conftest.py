@@ -115,7 +115,7 @@ async def hub_store(pool: asyncpg.Pool, hub: NotificationHub) -> Store:
 
 @pytest.fixture(scope="session")
 async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
-    """A process's runtime (ductor_streams/runtime.py) from the session's settings."""
+    """A process's runtime (ductor_streams/runtime/__init__.py) from the session's settings."""
     async with open_runtime(settings, name="tests", pool_min_size=1) as opened:
         yield opened
 

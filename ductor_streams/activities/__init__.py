@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from ductor_streams.activities import error_types, models
 
 if TYPE_CHECKING:
-    from ductor_streams.activities.errors import domain_errors, to_application_error
+    from ductor_streams.activities.application_errors import domain_errors, to_application_error
     from ductor_streams.activities.streams import StreamsActivities
 
 __all__ = [
@@ -31,8 +31,8 @@ __all__ = [
 
 _LAZY = {
     "StreamsActivities": "ductor_streams.activities.streams",
-    "domain_errors": "ductor_streams.activities.errors",
-    "to_application_error": "ductor_streams.activities.errors",
+    "domain_errors": "ductor_streams.activities.application_errors",
+    "to_application_error": "ductor_streams.activities.application_errors",
 }
 
 

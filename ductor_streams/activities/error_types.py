@@ -1,5 +1,5 @@
 """``ApplicationError.type`` values raised by the activities and matched by the workflow
-helpers and workflow code. Defined once, here; the mapping is ``activities.errors``."""
+helpers and workflow code. Defined once, here; the mapping is ``activities.application_errors``."""
 
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ Inside an activity of a worker that has the ``StreamsPlugin``::
 ``upload_object`` runs prepare -> upload -> commit through the same object service as
 HTTP, so the same pins, evidence checks, credit and close rules apply; with the same
 idempotency key a retried activity gets the original object and sequence back. Errors
-are ApplicationErrors through the one mapping (``activities.errors``).
+are ApplicationErrors through the one mapping (``activities.application_errors``).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
-from ductor_streams.activities.errors import domain_errors
+from ductor_streams.activities.application_errors import domain_errors
 from ductor_streams.activities.streams import StreamsActivities
 from ductor_streams.objects import PrepareRequest
 from ductor_streams.store import StreamKey, StreamRef

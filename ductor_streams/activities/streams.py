@@ -16,23 +16,23 @@ from typing import Any
 from temporalio import activity
 
 from ductor_streams.activities import models
-from ductor_streams.activities.errors import domain_errors
+from ductor_streams.activities.application_errors import domain_errors
 from ductor_streams.config import Settings
-from ductor_streams.definitions import parse_definition
 from ductor_streams.errors import EgressDenied
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.runtime import Runtime, open_runtime
 from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
 from ductor_streams.store.fingerprint import record_fingerprint
 
 
 class StreamsActivities:
-    """The activities, bound to one ``Runtime`` (ductor_streams/runtime.py).
+    """The activities, bound to one ``Runtime`` (ductor_streams/runtime/__init__.py).
 
     ``lifetime()`` opens the runtime from the settings (pool, LISTEN hub, store,
     followers, object service, in the runtime's order) and closes it, unless one was
     given: then the caller opened it and closes it. While a lifetime runs,
     ``StreamsActivities.current()`` is the instance (the object helpers and the activity
-    stream helpers, ``activities.objects`` and ``plugin.activity``, use its runtime).
+    stream helpers, ``activities.objects`` and ``plugin.streaming``, use its runtime).
     """
 
     _current: StreamsActivities | None = None

@@ -2,7 +2,7 @@
 
 The dispatcher (``delivery.dispatcher``) is core code: it knows the ``WaitService``
 interface only. ``delivery.temporal`` implements it with a Temporal signal and
-``delivery.service`` runs a dispatcher inside ``serve``/``workers``.
+``process.dispatcher`` runs a dispatcher inside ``serve``/``workers``.
 """
 
 from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
@@ -14,7 +14,7 @@ from ductor_streams.delivery.wait_service import (
     WaitService,
     event_id,
 )
-from ductor_streams.signals import INPUT_SIGNAL, InputSignal
+from ductor_streams.foundation.signals import INPUT_SIGNAL, InputSignal
 
 __all__ = [
     "INPUT_SIGNAL",

@@ -26,7 +26,7 @@ from typing import Any
 
 import asyncpg
 
-from ductor_streams import metrics, tracing
+from ductor_streams.compat.asyncio_tasks import start_now
 from ductor_streams.delivery import outbox
 from ductor_streams.delivery.outbox import ClaimedDelivery
 from ductor_streams.delivery.wait_service import (
@@ -35,8 +35,8 @@ from ductor_streams.delivery.wait_service import (
     RunNotFound,
     WaitService,
 )
+from ductor_streams.foundation import metrics, tracing
 from ductor_streams.store.db import DRIVER_ERRORS
-from ductor_streams.store.eager import start_now
 
 log = logging.getLogger(__name__)
 
@@ -251,7 +251,7 @@ class Dispatcher:
                             for stream in claimed:
                                 stream.wakes_at_claim = wakes
                                 # Started in this turn: its first signal is on its way
-                                # before anything else this loop does (store/eager.py).
+                                # before anything else this loop does (compat/asyncio_tasks.py).
                                 self._start(stream)
                             if named is None and claimed and len(claimed) == free:
                                 self._starved = True
@@ -290,7 +290,7 @@ class Dispatcher:
 
     def _start(self, stream: _ClaimedStream) -> None:
         """Deliver a claimed stream from a task of its own, started in this turn: its first
-        signal is on its way before anything else this loop does (store/eager.py)."""
+        signal is on its way before anything else this loop does (compat/asyncio_tasks.py)."""
         task = start_now(self._deliver_stream(stream))
         self._tasks[task] = stream
         task.add_done_callback(self._finished)

@@ -16,7 +16,7 @@ from ductor_streams.delivery.wait_service import (
     RunGone,
     RunNotFound,
 )
-from ductor_streams.signals import INPUT_SIGNAL
+from ductor_streams.foundation.signals import INPUT_SIGNAL
 
 ClientFactory = Callable[[], Awaitable[Client]]
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from ductor_streams.signals import InputSignal
-from ductor_streams.signals import input_event_id as event_id
+from ductor_streams.foundation.signals import InputSignal
+from ductor_streams.foundation.signals import input_event_id as event_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,7 +30,7 @@ class InputEvent:
         return event_id(self.stream_id, self.sequence)
 
     def to_signal(self) -> InputSignal:
-        """The input signal's argument (ductor_streams/signals.py) for this record."""
+        """The input signal's argument (ductor_streams/foundation/signals.py) for this record."""
         return InputSignal(
             event_id=self.event_id,
             stream_id=self.stream_id,

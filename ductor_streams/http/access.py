@@ -17,7 +17,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
 from ductor_streams.auth import Principal
-from ductor_streams.definitions import RUN_ID_RE, STREAM_ID_RE
+from ductor_streams.compat.uvicorn_protocol import note_tenant
 from ductor_streams.errors import (
     EgressDenied,
     Forbidden,
@@ -25,10 +25,10 @@ from ductor_streams.errors import (
     NotFound,
     Unauthenticated,
 )
-from ductor_streams.http.connection_guard import note_tenant
+from ductor_streams.foundation.definitions import RUN_ID_RE, STREAM_ID_RE
+from ductor_streams.foundation.logs import stream_fields
 from ductor_streams.http.state import runtime_of
 from ductor_streams.http.tokens import VERIFIED_TOKENS
-from ductor_streams.logs import stream_fields
 from ductor_streams.store import Store, StreamKey, StreamRef
 
 Access = Literal["read", "write", "admin"]

@@ -11,28 +11,26 @@ from litestar.openapi import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 
 from ductor_streams.config import Settings
-from ductor_streams.http import (
-    health,
-    routes_browse,
-    routes_consumers,
-    routes_metrics,
-    routes_objects,
-    routes_ops,
-    routes_records,
-    routes_streams,
-    routes_subscribe,
-)
 from ductor_streams.http.access import authorize
-from ductor_streams.http.append_worker import close_workers
-from ductor_streams.http.cors import CorsPolicy
-from ductor_streams.http.ds.front import DS_TEMPLATE, answer_ds, ds_route
-from ductor_streams.http.headers import is_api_path
-from ductor_streams.http.host import host_error
-from ductor_streams.http.live_reads import LiveReads, tenant_live_limit
-from ductor_streams.http.observe import Request, route_template
-from ductor_streams.http.openapi import ContractJsonRenderPlugin, SchemaRouter
-from ductor_streams.http.problems import handle_exception, refuse
-from ductor_streams.http.records_front import RECORDS_TEMPLATE, answer_records, records_route
+from ductor_streams.http.codecs.append_worker import close_workers
+from ductor_streams.http.codecs.headers import is_api_path
+from ductor_streams.http.codecs.problems import handle_exception, refuse
+from ductor_streams.http.fronts.ds.front import DS_TEMPLATE, answer_ds, ds_route
+from ductor_streams.http.fronts.records import RECORDS_TEMPLATE, answer_records, records_route
+from ductor_streams.http.middleware.cors import CorsPolicy
+from ductor_streams.http.middleware.host import host_error
+from ductor_streams.http.middleware.live_reads import LiveReads, tenant_live_limit
+from ductor_streams.http.middleware.observe import Request, route_template
+from ductor_streams.http.routes import browse as routes_browse
+from ductor_streams.http.routes import consumers as routes_consumers
+from ductor_streams.http.routes import health
+from ductor_streams.http.routes import metrics as routes_metrics
+from ductor_streams.http.routes import objects as routes_objects
+from ductor_streams.http.routes import ops as routes_ops
+from ductor_streams.http.routes import records as routes_records
+from ductor_streams.http.routes import streams as routes_streams
+from ductor_streams.http.routes import subscribe as routes_subscribe
+from ductor_streams.http.routes.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.state import runtime_in
 from ductor_streams.names import API_MOUNT
 from ductor_streams.runtime import Runtime, open_runtime
@@ -57,7 +55,7 @@ def create_app(
     services: Sequence[Service] = (),
 ) -> StreamsApp:
     """Build the app. ``services`` are extra lifespans (workers), started after the
-    runtime (ductor_streams/runtime.py) with it, and stopped before it."""
+    runtime (ductor_streams/runtime/__init__.py) with it, and stopped before it."""
     settings.require_jwt_secret()
     settings.require_database()
     settings.require_session_database()
@@ -111,15 +109,15 @@ def create_app(
 
 
 class StreamsApp(Litestar):
-    """The Litestar app with the records front (http/records_front.py) and the Durable
-    Streams endpoint (http/ds/) before it: appends and reads of records and DS requests
-    are answered there, everything else by Litestar. The CORS layer (http/cors.py), when
-    configured, comes before all of them, and the ``Host`` check (http/host.py) before
-    that. Every HTTP request is observed (http/observe.py: request ID, metrics, span)."""
+    """The Litestar app with the records front (http/fronts/records.py) and the Durable
+    Streams endpoint (http/fronts/ds/) before it: appends and reads of records and DS requests
+    are answered there, everything else by Litestar. The CORS layer (http/middleware/cors.py), when
+    configured, comes before all of them, and the ``Host`` check (http/middleware/host.py) before
+    that. Every HTTP request is observed (http/middleware/observe.py: request ID, metrics, span)."""
 
     cors: CorsPolicy | None = None
     runtime: Runtime | None = None  # set by the lifespan, as the state's ``runtime``
-    # Each tenant's live reads in this process (http/live_reads.py); set by create_app.
+    # Each tenant's live reads in this process (http/middleware/live_reads.py); set by create_app.
     live_reads: LiveReads | None = None
 
     def _runtime(self) -> Runtime:
@@ -175,7 +173,7 @@ class StreamsApp(Litestar):
     async def without_front(
         self, scope: Any, receive: Any, send: Any, request: Request | None = None
     ) -> None:
-        """Litestar's answer, with the headers every response carries (http/headers.py;
+        """Litestar's answer, with the headers every response carries (http/codecs/headers.py;
         the records front's answers carry them too) and the request's ID."""
         if scope["type"] == "http":
             request = request or Request(scope)

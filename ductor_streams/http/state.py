@@ -1,6 +1,6 @@
 """The process's runtime as the HTTP layer reaches it: one typed way in.
 
-The app's lifespan (http/app.py) puts the ``Runtime`` (ductor_streams/runtime.py) in the
+The app's lifespan (http/app.py) puts the ``Runtime`` (ductor_streams/runtime/__init__.py) in the
 app's state under ``runtime``; handlers and the fronts before Litestar read the pool,
 store, hub, followers and object service from it, never from names of their own.
 """

@@ -19,10 +19,10 @@ import asyncpg
 
 from ductor_streams.errors import NotFound
 from ductor_streams.live.config import LiveSettings
-from ductor_streams.live.follower import StreamFollower
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.live.read_batch import ReadBatcher
 from ductor_streams.live.stats import LIVE_READS
+from ductor_streams.live.stream_follower import StreamFollower
 from ductor_streams.live.subscription import Subscription
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import database_unavailable

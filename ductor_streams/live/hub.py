@@ -6,7 +6,7 @@ re-reads durable state, unless it already has what the wake announces: a record 
 carries the stream's latest sequence at that commit (``r<pk>:<seq>``), which a live
 follower that was fed its own process's appends has often delivered already. A plain
 ``r<pk>`` (older processes, an operator's retry) announces nothing more than "read".
-A wake of kind ``R`` also carries the records it announces (live/record_wakes.py):
+A wake of kind ``R`` also carries the records it announces (store/wake_format.py):
 they are handed to the stream's record watchers (its follower) before its wake.
 When the LISTEN connection drops, the hub reconnects and wakes every watcher, because
 notifications sent while it was away are lost.
@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING
 import asyncpg
 
 from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
-from ductor_streams.live.record_wakes import KIND as RECORDS_KIND
-from ductor_streams.live.record_wakes import parse_record_wake
+from ductor_streams.store.wake_format import KIND as RECORDS_KIND
+from ductor_streams.store.wake_format import parse_record_wake
 
 if TYPE_CHECKING:  # store/ imports this module
     from ductor_streams.store.models import Record

@@ -9,7 +9,7 @@ snapshot: each page is exactly what a read of its own would have returned then).
 queued alone goes as the plain ``records_read_bytes``. Both go on a connection kept
 while reads follow each other (store/held.py), so an answer does not wait for the
 pool's reset. A read sent a turn later than asked is still a read begun after whatever
-the follower waited for, so the followers' continuity argument (follower.py) is
+the follower waited for, so the followers' continuity argument (live/stream_follower.py) is
 unchanged.
 """
 

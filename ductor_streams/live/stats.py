@@ -2,7 +2,7 @@
 the buffers it dropped. (The batches it fanned out without a read are counted by
 ``metrics.LIVE_FED``, a plain int: it is bumped per batch.)
 
-Registered in the process registry of ``ductor_streams.metrics`` (served at /metrics).
+Registered in the process registry of ``ductor_streams.foundation.metrics`` (served at /metrics).
 What subscribers cost Postgres is read off it: ``follower`` reads are one per wake per
 stream however many subscribers there are; ``subscriber`` reads are backfills, overflow
 catch-ups and gap repairs; ``start`` is one per follower started.
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter
 
-from ductor_streams.metrics import REGISTRY
+from ductor_streams.foundation.metrics import REGISTRY
 
 LIVE_READS = Counter(
     "ductor_streams_live_reads",

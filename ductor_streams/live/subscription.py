@@ -27,8 +27,8 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ductor_streams import metrics, tracing
 from ductor_streams.errors import CursorExpired, NotFound
+from ductor_streams.foundation import metrics, tracing
 from ductor_streams.live.events import (
     Draining,
     End,

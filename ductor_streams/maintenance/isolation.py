@@ -20,7 +20,7 @@ import contextlib
 import logging
 from collections.abc import Iterator
 
-from ductor_streams import metrics
+from ductor_streams.foundation import metrics
 from ductor_streams.store.db import database_unavailable
 
 log = logging.getLogger(__name__)

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from ductor_streams import metrics, tracing
 from ductor_streams.config import Settings
+from ductor_streams.foundation import metrics, tracing
 from ductor_streams.maintenance.deletions import DeletionReport, run_deletions
 from ductor_streams.maintenance.retention import (
     DEFAULT_IDEMPOTENCY_WINDOW_SECONDS,

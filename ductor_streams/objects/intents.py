@@ -15,7 +15,6 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ductor_streams import metrics, tracing
 from ductor_streams.errors import (
     DefinitionConflict,
     NotFound,
@@ -28,6 +27,7 @@ from ductor_streams.errors import (
     PlacementMismatch,
     StreamClosed,
 )
+from ductor_streams.foundation import metrics, tracing
 from ductor_streams.maintenance.deletions import run_deletion
 from ductor_streams.objects.blobstore import (
     BLOCK_BYTES,

@@ -1,6 +1,6 @@
 """Operators' view of input delivery: review deliveries, retry dead ones, see lag and gaps.
 
-Core: knows Postgres only. The edges are ``http/routes_ops.py`` (JSON + the /ops page)
+Core: knows Postgres only. The edges are ``http/routes/ops.py`` (JSON + the /ops page)
 and ``ops/cli_outbox.py`` (``ductor-streams outbox``).
 """
 

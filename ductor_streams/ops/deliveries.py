@@ -12,8 +12,8 @@ from typing import Any
 
 import asyncpg
 
-from ductor_streams import metrics
 from ductor_streams.errors import DeliveryNotRetryable, NotFound
+from ductor_streams.foundation import metrics
 from ductor_streams.ops.filters import DeliveryFilter, page_token
 from ductor_streams.ops.models import Delivery, DeliveryDetail, DeliveryPage, Visibility
 from ductor_streams.schema import QUERIES

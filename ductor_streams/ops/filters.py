@@ -10,8 +10,8 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ductor_streams.definitions import RUN_ID_RE, STREAM_ID_RE
 from ductor_streams.errors import InvalidFilter, InvalidLimit, InvalidPage
+from ductor_streams.foundation.definitions import RUN_ID_RE, STREAM_ID_RE
 from ductor_streams.ops.models import DELIVERY_STATES
 
 DEFAULT_LIMIT = 100

@@ -13,7 +13,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from ductor_streams.activities import StreamsActivities
 from ductor_streams.config import Settings
-from ductor_streams.gc_tuning import tune_garbage_collection
+from ductor_streams.runtime.gc_tuning import tune_garbage_collection
 
 PLUGIN_NAME = "ductor_streams.StreamsPlugin"
 
@@ -32,7 +32,7 @@ def _pass_through(existing: WorkflowRunner | None) -> WorkflowRunner:
 
 class StreamsPlugin(SimplePlugin):
     """Registers the stream activities, the sandbox pass-through for the helpers, and
-    the activities' runtime (ductor_streams/runtime.py) for the life of the worker (or
+    the activities' runtime (ductor_streams/runtime/__init__.py) for the life of the worker (or
     replayer).
 
     Give it to the client (``Client.connect(..., plugins=[StreamsPlugin()])``); workers
@@ -43,7 +43,7 @@ class StreamsPlugin(SimplePlugin):
 
     ``tune_gc``: once the first worker of the process has opened the runtime, the
     objects alive then leave garbage collection and full collections become ten times
-    rarer (``ductor_streams.gc_tuning``: full collections held a worker's event loop for
+    rarer (``ductor_streams.runtime.gc_tuning``: full collections held a worker's event loop for
     tens of milliseconds, stalling every streaming activity). Pass False to leave the process's
     collector alone.
     """
@@ -84,17 +84,17 @@ class StreamsPlugin(SimplePlugin):
 
 
 def _tracing_interceptors(settings: Settings) -> list[Any]:
-    """Temporal's tracing interceptor (ductor_streams/temporal_tracing.py) when tracing
+    """Temporal's tracing interceptor (ductor_streams/foundation/temporal_tracing.py) when tracing
     is configured: through the application's own OpenTelemetry provider if it set one
     up before, else ours from the OTEL_* variables (docs/operators.md). With neither,
     none: nothing of OpenTelemetry runs in the worker's client or workflows."""
-    from ductor_streams import tracing
+    from ductor_streams.foundation import tracing
 
     tracer = tracing.application_tracer()
     if tracer is None and not tracing.configure_tracing(
         settings, service="ductor-streams-temporal-worker"
     ):
         return []
-    from ductor_streams.temporal_tracing import interceptors
+    from ductor_streams.foundation.temporal_tracing import interceptors
 
     return interceptors(tracer)

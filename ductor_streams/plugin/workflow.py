@@ -63,7 +63,7 @@ from ductor_streams.activities.models import (
     ReadResult,
     StreamRecord,
 )
-from ductor_streams.signals import INPUT_SIGNAL, InputSignal
+from ductor_streams.foundation.signals import INPUT_SIGNAL, InputSignal
 
 WORKFLOW_CONSUMER = "workflow"
 

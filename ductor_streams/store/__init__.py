@@ -9,9 +9,9 @@ from collections.abc import Callable
 
 import asyncpg
 
-from ductor_streams import metrics
-from ductor_streams.definitions import StreamDefinition
 from ductor_streams.errors import CreditExhausted, QuotaExhausted
+from ductor_streams.foundation import metrics
+from ductor_streams.foundation.definitions import StreamDefinition
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.store import acks, streams
 from ductor_streams.store.append import Appender
@@ -78,9 +78,9 @@ class Store:
         self.appender = Appender(pool, self.wakes)
         self._poll_interval = poll_interval
         # Called with the stream once an append to an input stream has committed (this
-        # process's dispatcher, delivery/service.py); the wake through LISTEN still goes.
+        # process's dispatcher, process/dispatcher.py); the wake through LISTEN still goes.
         # Set by this process's dispatcher: (stream, last sequence) of each committed
-        # input append (delivery/service.py).
+        # input append (process/dispatcher.py).
         self.input_appended: Callable[[StreamRef, int], None] | None = None
 
     async def create_stream(

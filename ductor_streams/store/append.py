@@ -18,13 +18,13 @@ to ``max_statements``: large batches are work, not commits, and run in parallel.
 While other statements of this process are in flight, a statement carries no NOTIFY:
 once it has committed, its streams' wakes are announced through ``WakeSender``
 (store/wakes.py), coalesced, each carrying its records when they are few and small
-(live/record_wakes.py: followers elsewhere then fan them out without a read). A
+(store/wake_format.py: followers elsewhere then fan them out without a read). A
 statement alone in flight notifies inside its own transaction, at commit (one round
 trip, no wake statement), with the same payload built in SQL (``workflow_streams.records_wake``).
 
 Statements run on one connection kept while they follow each other (store/held.py),
 not a pool acquire and release each. A statement is sent from the turn of the event
-loop that decided it (store/eager.py), not after the request tasks that turn has
+loop that decided it (compat/asyncio_tasks.py), not after the request tasks that turn has
 queued already.
 
 Live delivery of this process does not wait for either wake: right after a statement
@@ -48,7 +48,7 @@ from typing import Any, Protocol
 import asyncpg
 from opentelemetry import trace
 
-from ductor_streams import metrics, tracing
+from ductor_streams.compat.asyncio_tasks import start_now
 from ductor_streams.errors import (
     CreditExhausted,
     IdempotencyKeyReused,
@@ -57,14 +57,14 @@ from ductor_streams.errors import (
     StreamClosed,
     StreamsError,
 )
-from ductor_streams.live.record_wakes import record_wake
+from ductor_streams.foundation import metrics, tracing
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import database_unavailable, translate_db_error
-from ductor_streams.store.eager import start_now
 from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.held import HeldConnection
 from ductor_streams.store.models import AppendResult, Record, StreamRef
 from ductor_streams.store.outcomes import AppendOutcome
+from ductor_streams.store.wake_format import record_wake
 from ductor_streams.store.wakes import WakeSender
 
 # A statement never holds more than this many records, so one transaction stays short.
@@ -217,7 +217,7 @@ class Appender:
         self._tasks: set[asyncio.Future[None]] = set()
         self.wakes = wakes if wakes is not None else WakeSender(pool)
         self.feed: CommitFeed | None = None
-        # This process's dispatcher, when it runs (delivery/service.py): an append alone
+        # This process's dispatcher, when it runs (process/dispatcher.py): an append alone
         # in its statement to an input stream may then lease its own deliveries.
         self.leases: LeaseTaker | None = None
 
@@ -285,7 +285,7 @@ class Appender:
             notify_inline = self._in_flight == 0
             self._in_flight += 1
             # Sent now, not after the tasks this turn of the loop has queued already
-            # (store/eager.py); the rest of the statement runs as a task.
+            # (compat/asyncio_tasks.py); the rest of the statement runs as a task.
             task = start_now(self._run(groups, notify_inline))
             self._tasks.add(task)  # the loop keeps only weak references to tasks
             task.add_done_callback(self._tasks.discard)
@@ -450,7 +450,7 @@ class Appender:
                 # It carries the stream's latest sequence, as the function's own does
                 # (``r<pk>:<seq>``): the last sequence this group appended; and, when
                 # they are few and small, the records themselves, which spares the
-                # followers in other processes a read (live/record_wakes.py).
+                # followers in other processes a read (store/wake_format.py).
                 records = committed_records(group, outcomes, appended_at)
                 wake = record_wake(stream_pk, records) or f"r{stream_pk}:{latest}"
                 self.wakes.announce(wake, more_coming=self._in_flight > 1 or bool(self._ready))

@@ -19,7 +19,7 @@ The wait serves a caller: ``caller_gone`` (store/gone.py), when given, ends it w
 ClientGone as soon as the caller goes. Nothing more is sent for it (a statement already
 in flight finishes; one still queued is dropped, store/append.py), so an abandoned
 batch is never appended later when credit frees; a large one's memory is given back
-to the system (ductor_streams/heap.py).
+to the system (ductor_streams/foundation/heap.py).
 """
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ from typing import TypeVar
 
 import asyncpg
 
-from ductor_streams import heap, metrics
 from ductor_streams.errors import ClientGone, CreditExhausted
+from ductor_streams.foundation import heap, metrics
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.append import STAGED_STATEMENT_BYTES, Appender
@@ -94,7 +94,7 @@ async def append_blocking(
         )
     except ClientGone:
         if batch.bytes > STAGED_STATEMENT_BYTES:
-            heap.trim_soon()  # its memory is nobody's now (ductor_streams/heap.py)
+            heap.trim_soon()  # its memory is nobody's now (ductor_streams/foundation/heap.py)
         raise
 
 

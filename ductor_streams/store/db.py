@@ -11,10 +11,10 @@ from typing import Any
 
 import asyncpg
 
+from ductor_streams.compat.asyncpg_statements import UnnamedStatementConnection
 from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
 from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsError
 from ductor_streams.store.identity import check_identity
-from ductor_streams.store.unnamed import UnnamedStatementConnection
 from ductor_streams.store.warm import warm_connection
 
 # A new connection that takes longer than this counts as the database being unreachable
@@ -50,7 +50,7 @@ async def create_pool(
     session. Named prepared statements would then be missing, or already exist, on the
     session a statement lands on (``DuplicatePreparedStatementError``), so the statement
     cache is off and every statement is unnamed, parsed again with each execution in
-    the same round trip (store/unnamed.py). Nothing else changes: pooled connections
+    the same round trip (compat/asyncpg_statements.py). Nothing else changes: pooled connections
     keep no session state (no LISTEN, SET, session lock or temporary table beyond its
     transaction).
 

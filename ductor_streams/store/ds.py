@@ -13,9 +13,9 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from ductor_streams import tracing
-from ductor_streams.definitions import StreamDefinition
 from ductor_streams.errors import NotFound
+from ductor_streams.foundation import tracing
+from ductor_streams.foundation.definitions import StreamDefinition
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import translate_db_errors
 from ductor_streams.store.encoding import EncodedBatch
@@ -81,7 +81,7 @@ async def write(
             headers.producer_id,
             headers.producer_epoch,
             headers.producer_seq,
-            # Kept with an input stream's delivery rows (tracing.py); None while off.
+            # Kept with an input stream's delivery rows (foundation/tracing.py); None while off.
             tracing.current_traceparent(),
         )
     assert row is not None

@@ -2,7 +2,7 @@
 
 A wait that serves a caller (an append blocked on credit, an object commit blocked on
 credit, a long-poll) takes ``caller_gone``: a function whose awaitable returns once
-the caller has gone (for HTTP, ``http/disconnect.py``: the connection closed). The
+the caller has gone (for HTTP, ``http/middleware/disconnect.py``: the connection closed). The
 store knows nothing of HTTP; it only races its work against that awaitable.
 """
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
-from ductor_streams import metrics
+from ductor_streams.foundation import metrics
 from ductor_streams.schema import QUERIES
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ from typing import Any
 
 import msgspec
 
-from ductor_streams.definitions import StreamDefinition
+from ductor_streams.foundation.definitions import StreamDefinition
 
 
 @dataclass(frozen=True, slots=True)

@@ -76,7 +76,7 @@ class PageText:
     or its first piece.
 
     ``records_json`` is the records' JSON objects joined with commas (empty for none), as
-    ``http.codec.record_json`` encodes them without redaction. ``count`` and
+    ``http.codecs.json_bodies.record_json`` encodes them without redaction. ``count`` and
     ``last_sequence`` are those of the records here; ``next_cursor`` is the whole page's
     (its last sequence), past ``last_sequence`` when the rest of the page is still to be
     read (``read_range_text``)."""

@@ -1,6 +1,6 @@
 """Backfill pages whose SSE record events Postgres writes (``records_read_sse_frames``).
 
-The native SSE backfill (http/routes_subscribe.py) sends each record as ``event:
+The native SSE backfill (http/routes/subscribe.py) sends each record as ``event:
 record``, ``id`` and ``data`` lines. Read as ``Record``s and framed in Python, that cost
 the server about five times what a paged read of the same records costs, whose JSON
 Postgres writes (store/read.py ``read_page_text``); here Postgres writes the frames too,

@@ -6,8 +6,8 @@ import json
 
 import asyncpg
 
-from ductor_streams.definitions import StreamDefinition, definition_from_json
 from ductor_streams.errors import DefinitionConflict, NotFound, TenantQuotaExhausted
+from ductor_streams.foundation.definitions import StreamDefinition, definition_from_json
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.models import ConsumerState, StreamKey, StreamRef, StreamState
 

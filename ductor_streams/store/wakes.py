@@ -19,10 +19,10 @@ import logging
 
 import asyncpg
 
-from ductor_streams.live.record_wakes import KIND as RECORDS_KIND
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.db import DRIVER_ERRORS
 from ductor_streams.store.held import HeldConnection
+from ductor_streams.store.wake_format import KIND as RECORDS_KIND
 
 log = logging.getLogger(__name__)
 # A wake waits at most this long for others to share its statement (only when the
@@ -36,7 +36,7 @@ class WakeSender:
     A payload is ``<kind><stream_pk>``, optionally followed by ``:<detail>``
     (``r<stream_pk>:<latest sequence>``); of several queued for the same kind and stream,
     only the last is sent (announced in commit order, it says the most). Wakes that
-    carry records (``R<stream_pk>:<last sequence>:...``, live/record_wakes.py) are each
+    carry records (``R<stream_pk>:<last sequence>:...``, store/wake_format.py) are each
     sent, in the order announced: each carries records the others do not.
     """
 

@@ -32,7 +32,7 @@ from temporalio import activity, workflow
 from temporalio.common import RetryPolicy
 
 with workflow.unsafe.imports_passed_through():
-    from ductor_streams.plugin.activity import stream_writer
+    from ductor_streams.plugin.streaming import stream_writer
     from ductor_streams.plugin.workflow import Streams, StreamsSnapshot
 
 

@@ -21,7 +21,7 @@ import httpx
 import pytest
 
 from ductor_streams.auth import SCOPES, issue_token
-from ductor_streams.dev import temporal_binary
+from ductor_streams.process.dev import temporal_binary
 from tests.deploy.engine import Engine
 from tests.deploy.helpers import (
     JWT_SECRET,

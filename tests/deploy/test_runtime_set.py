@@ -45,7 +45,7 @@ class Block:
             print("BLOCKED IMPORT " + name, file=sys.stderr, flush=True)
             raise ImportError("blocked: " + name)
 sys.meta_path.insert(0, Block())
-from ductor_streams.cli import main
+from ductor_streams.process.cli import main
 sys.exit(main(sys.argv[1:]))
 """
 

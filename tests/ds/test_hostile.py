@@ -15,7 +15,7 @@ import asyncpg
 import httpx
 import pytest
 
-from ductor_streams.http.ds.writes import MAX_PRODUCERS
+from ductor_streams.http.fronts.ds.writes import MAX_PRODUCERS
 from tests.conftest import TokenFactory
 from tests.ds.conftest import Ds
 from tests.security.dbstate import fingerprint

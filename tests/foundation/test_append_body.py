@@ -1,4 +1,4 @@
-"""The append body's decode (http/append_body.py, http/append_worker.py) gives exactly
+"""The append body's decode (http/codecs/append_body.py, http/codecs/append_worker.py) gives exactly
 what the old inline decode gave, on every path (inline, counted then inline, in the
 worker process), valid or not; and refuses bodies over the JSON values limit."""
 
@@ -13,14 +13,14 @@ import msgspec
 import pytest
 
 from ductor_streams.errors import StreamsError
-from ductor_streams.http import append_worker
-from ductor_streams.http.append_body import (
+from ductor_streams.http.codecs import append_worker
+from ductor_streams.http.codecs.append_body import (
     INLINE_BYTES,
     MAX_JSON_VALUES,
     decode_append_body,
     json_values_bound,
 )
-from ductor_streams.http.append_worker import close_workers, encode_in_worker
+from ductor_streams.http.codecs.append_worker import close_workers, encode_in_worker
 from ductor_streams.store.encoding import MAX_RECORD_BYTES, EncodedBatch, encode_batch
 
 

@@ -14,7 +14,7 @@ def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.Complet
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("DUCTOR_STREAMS_")}
     return subprocess.run(
-        [sys.executable, "-m", "ductor_streams.cli", *args],
+        [sys.executable, "-m", "ductor_streams.process.cli", *args],
         env={**base, **(env or {})},
         capture_output=True,
         text=True,

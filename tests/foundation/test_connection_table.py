@@ -1,19 +1,19 @@
 """The bookkeeping behind the connection cap and the live-read cap, as units: places,
-tenants, fair shares and the victim chosen at the cap (http/connection_table.py), and
-each tenant's live reads (http/live_reads.py). The servers that use them are tested in
+tenants, fair shares and the victim chosen at the cap (compat/connection_table.py), and
+each tenant's live reads (http/middleware/live_reads.py). The servers that use them are tested in
 tests/security/test_live_read_caps.py and test_connection_guard.py."""
 
 from __future__ import annotations
 
 import pytest
 
+from ductor_streams.compat.connection_table import ConnectionTable
+from ductor_streams.compat.uvicorn_protocol import PROBE_PATHS
 from ductor_streams.config import Settings
 from ductor_streams.errors import TooManyLiveReads
-from ductor_streams.http import health
-from ductor_streams.http.connection_guard import PROBE_PATHS
-from ductor_streams.http.connection_table import ConnectionTable
-from ductor_streams.http.live_reads import LiveReads, tenant_live_limit
-from ductor_streams.http.problems import problem_parts
+from ductor_streams.http.codecs.problems import problem_parts
+from ductor_streams.http.middleware.live_reads import LiveReads, tenant_live_limit
+from ductor_streams.http.routes import health
 
 
 def _table(cap: int, held: dict[str, int]) -> tuple[ConnectionTable[str], dict[str, list[str]]]:

@@ -13,7 +13,7 @@ import asyncpg
 import httpx
 import pytest
 
-from ductor_streams import metrics
+from ductor_streams.foundation import metrics
 from ductor_streams.store import identity
 from ductor_streams.store.db import create_pool
 from ductor_streams.store.identity import DatabaseIdentity, IdentityWatch

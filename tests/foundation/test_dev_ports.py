@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import socket
 
-from ductor_streams.dev import _port_free
+from ductor_streams.process.dev import _port_free
 
 
 def test_a_listening_port_is_in_use() -> None:

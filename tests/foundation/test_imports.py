@@ -10,11 +10,11 @@ import sys
 import pytest
 
 MODULES = [
-    "ductor_streams.cli",
-    "ductor_streams.serve",
-    "ductor_streams.worker_process",
-    "ductor_streams.workers",
-    "ductor_streams.dev",
+    "ductor_streams.process.cli",
+    "ductor_streams.process.serve",
+    "ductor_streams.process.workers",
+    "ductor_streams.process.services",
+    "ductor_streams.process.dev",
     "ductor_streams.config",
     "ductor_streams.live",
     "ductor_streams.live.hub",
@@ -22,12 +22,12 @@ MODULES = [
     "ductor_streams.store",
     "ductor_streams.store.db",
     "ductor_streams.http",
-    "ductor_streams.http.connection_guard",
+    "ductor_streams.compat.uvicorn_protocol",
     "ductor_streams.plugin",
     "ductor_streams.plugin.workflow",
     "ductor_streams.client",
     "ductor_streams.activities",
-    "ductor_streams.delivery.service",
+    "ductor_streams.process.dispatcher",
     "ductor_streams.maintenance",
     "ductor_streams.ops",
     "ductor_streams.schema.migrate",
@@ -51,7 +51,7 @@ def test_the_workflow_helpers_load_no_database_driver() -> None:
         "import sys\n"
         "import ductor_streams.plugin.workflow, ductor_streams.activities\n"
         "from ductor_streams.activities import error_types, models\n"
-        "import ductor_streams.signals\n"
+        "import ductor_streams.foundation.signals\n"
         "loaded = sorted(m for m in sys.modules if m == 'asyncpg' or m.startswith(("
         "'asyncpg.', 'ductor_streams.store', 'ductor_streams.live')))\n"
         "print(','.join(loaded))\n"

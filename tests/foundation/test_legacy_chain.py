@@ -14,8 +14,8 @@ import asyncpg
 import pytest
 
 from ductor_streams.config import Settings
-from ductor_streams.doctor import decisions
-from ductor_streams.doctor.checks import Context, check_migrations
+from ductor_streams.process.doctor import decisions
+from ductor_streams.process.doctor.checks import Context, check_migrations
 from ductor_streams.schema.legacy import LEGACY_CHAIN, LegacyChainIncomplete
 from ductor_streams.schema.migrate import (
     MIGRATIONS_DIR,
@@ -165,7 +165,7 @@ async def _cli_migrate(env: dict[str, str], processes: int) -> list[tuple[int, s
         await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "ductor_streams.cli",
+            "ductor_streams.process.cli",
             "migrate",
             env=env,
             stdout=subprocess.PIPE,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.registry import Collector
 
-from ductor_streams import metrics
+from ductor_streams.foundation import metrics
 
 BUCKETS = (0.001, 0.01, 0.1, 1, 10)
 # On a bound, just past one, below the first, past the last: every "le" edge.

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from ductor_streams.http.openapi import OPERATIONS
+from ductor_streams.http.routes.openapi import OPERATIONS
 from ductor_streams.names import API_MOUNT
 from tests.foundation.helpers import append, assert_problem, create, stream_url
 

@@ -16,7 +16,7 @@ def _has(owner: object, *names: str) -> list[str]:
 
 
 def test_uvicorn_httptools_protocol() -> None:
-    # http/connection_guard.py subclasses it and overrides these; it reads
+    # compat/uvicorn_protocol.py subclasses it and overrides these; it reads
     # self.transport, self.loop, self.scope, and self.url and self.headers (the request
     # head's target and headers, at on_headers_complete).
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -33,19 +33,19 @@ def test_uvicorn_httptools_protocol() -> None:
         "on_response_complete",
     )
     assert not missing, (
-        f"uvicorn's HttpToolsProtocol lost {missing}: http/connection_guard.py "
+        f"uvicorn's HttpToolsProtocol lost {missing}: compat/uvicorn_protocol.py "
         "overrides them (docs/security.md, 'Connections')"
     )
     source = inspect.getsource(HttpToolsProtocol)
     for attribute in ("self.transport", "self.loop", "self.scope", "self.url", "self.headers"):
         assert attribute in source, (
             f"uvicorn's HttpToolsProtocol no longer sets {attribute}, which "
-            "http/connection_guard.py uses"
+            "compat/uvicorn_protocol.py uses"
         )
 
 
 def test_uvicorn_response_cycle_for_chunk_writes() -> None:
-    # http/connection_guard.py's ChunkWriter writes SSE body chunks to the transport as
+    # compat/uvicorn_protocol.py's ChunkWriter writes SSE body chunks to the transport as
     # RequestResponseCycle.send would (docs/speed.md, "Direct SSE writes"): it reads the
     # protocol's cycle and flow, the cycle's state, and frames chunks as send does.
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
@@ -54,7 +54,7 @@ def test_uvicorn_response_cycle_for_chunk_writes() -> None:
     for attribute in ("self.cycle", "self.flow"):
         assert attribute in protocol, (
             f"uvicorn's HttpToolsProtocol no longer sets {attribute}, which "
-            "http/connection_guard.py's ChunkWriter uses"
+            "compat/uvicorn_protocol.py's ChunkWriter uses"
         )
     source = inspect.getsource(RequestResponseCycle)
     for attribute in (
@@ -67,33 +67,33 @@ def test_uvicorn_response_cycle_for_chunk_writes() -> None:
     ):
         assert attribute in source, (
             f"uvicorn's RequestResponseCycle no longer has {attribute}, which "
-            "http/connection_guard.py's ChunkWriter reads"
+            "compat/uvicorn_protocol.py's ChunkWriter reads"
         )
     assert 'b"%x\\r\\n" % len(body), body, b"\\r\\n"' in source, (
-        "uvicorn's send frames body chunks differently now: http/connection_guard.py's "
+        "uvicorn's send frames body chunks differently now: compat/uvicorn_protocol.py's "
         "chunk_frame must write what it writes"
     )
 
 
 def test_uvicorn_server_shutdown() -> None:
-    # serve.py's DrainingServer overrides shutdown(sockets) and closes self.servers.
+    # process/serve.py's DrainingServer overrides shutdown(sockets) and closes self.servers.
     import uvicorn
 
     parameters = inspect.signature(uvicorn.Server.shutdown).parameters
     assert "sockets" in parameters, "uvicorn.Server.shutdown lost its sockets parameter"
     assert "self.servers" in inspect.getsource(uvicorn.Server), (
-        "uvicorn.Server no longer keeps its listeners in self.servers (serve.py closes them first)"
+        "uvicorn.Server no longer keeps its listeners in self.servers (process/serve.py closes them first)"
     )
 
 
 def test_litestar_streaming_response_and_schema_router() -> None:
-    # http/sse_response.py subclasses ASGIStreamingResponse; http/openapi.py replaces
-    # the handler Litestar registers for unknown schema paths, by its name; http/problems.py
+    # http/codecs/sse_response.py subclasses ASGIStreamingResponse; http/routes/openapi.py replaces
+    # the handler Litestar registers for unknown schema paths, by its name; http/codecs/problems.py
     # reads the Allow header from the 405 exception Litestar's router raises.
     from litestar.response.streaming import ASGIStreamingResponse
 
     assert _has(ASGIStreamingResponse, "_stream", "send_body") == [], (
-        "Litestar's ASGIStreamingResponse lost _stream or send_body: http/sse_response.py "
+        "Litestar's ASGIStreamingResponse lost _stream or send_body: http/codecs/sse_response.py "
         "overrides _stream "
         "(docs/speed.md, 'Direct SSE writes')"
     )
@@ -101,25 +101,25 @@ def test_litestar_streaming_response_and_schema_router() -> None:
 
     assert "handle_schema_path_not_found" in inspect.getsource(openapi_plugin), (
         "Litestar no longer names its unknown-schema-path handler "
-        "handle_schema_path_not_found: http/openapi.py SchemaRouter replaces it by that name"
+        "handle_schema_path_not_found: http/routes/openapi.py SchemaRouter replaces it by that name"
     )
     import litestar._asgi.routing_trie.traversal as traversal
 
     assert '"allow"' in inspect.getsource(traversal), (
         "Litestar's router no longer puts the allowed methods in the 405 exception's "
-        "'allow' header: http/problems.py copies it into the Allow header"
+        "'allow' header: http/codecs/problems.py copies it into the Allow header"
     )
 
 
 def test_asyncio_future_blocking_protocol() -> None:
-    # store/eager.py and http/sse_response.py drive a coroutine by hand and clear the
+    # compat/asyncio_tasks.py and http/codecs/sse_response.py drive a coroutine by hand and clear the
     # mark a yielded future carries, as asyncio.Task does.
     loop = asyncio.new_event_loop()
     try:
         future = loop.create_future()
         assert hasattr(future, "_asyncio_future_blocking"), (
-            "asyncio futures lost _asyncio_future_blocking: store/eager.py and "
-            "http/sse_response.py rely on it (docs/speed.md, 'Eager statement start')"
+            "asyncio futures lost _asyncio_future_blocking: compat/asyncio_tasks.py and "
+            "http/codecs/sse_response.py rely on it (docs/speed.md, 'Eager statement start')"
         )
         future.cancel()
     finally:
@@ -139,7 +139,7 @@ def test_google_cloud_storage_calls() -> None:
 
 
 def test_asyncpg_statement_preparation_for_transaction_poolers() -> None:
-    # store/unnamed.py overrides Connection._get_statement and _drop_local_statement_cache
+    # compat/asyncpg_statements.py overrides Connection._get_statement and _drop_local_statement_cache
     # and keeps statement states that asyncpg marked unprepared (docs/speed.md,
     # "Described unnamed statements"; docs/deploy.md, "Transaction pooler").
     import asyncpg
@@ -154,13 +154,15 @@ def test_asyncpg_statement_preparation_for_transaction_poolers() -> None:
         "use_cache",
         "ignore_custom_codec",
         "record_class",
-    ], f"asyncpg's Connection._get_statement changed: {parameters}; store/unnamed.py overrides it"
+    ], (
+        f"asyncpg's Connection._get_statement changed: {parameters}; compat/asyncpg_statements.py overrides it"
+    )
     assert not _has(asyncpg.Connection, "_drop_local_statement_cache"), (
-        "asyncpg's Connection lost _drop_local_statement_cache, which store/unnamed.py overrides"
+        "asyncpg's Connection lost _drop_local_statement_cache, which compat/asyncpg_statements.py overrides"
     )
     assert not _has(PreparedStatementState, "name", "prepared", "mark_unprepared")
     source = inspect.getsource(asyncpg.Connection._get_statement)
     assert "mark_unprepared()" in source and "_stmt_cache_enabled" in source, (
         "asyncpg no longer marks an unnamed statement unprepared when its cache is off: "
-        "store/unnamed.py relies on each execution sending its Parse again"
+        "compat/asyncpg_statements.py relies on each execution sending its Parse again"
     )

@@ -69,7 +69,7 @@ async def test_migrate_twice_and_concurrently(test_database, settings):
             await asyncio.create_subprocess_exec(
                 sys.executable,
                 "-m",
-                "ductor_streams.cli",
+                "ductor_streams.process.cli",
                 "migrate",
                 env=env,
                 stdout=subprocess.PIPE,

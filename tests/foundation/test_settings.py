@@ -14,8 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ductor_streams.cli import main
 from ductor_streams.config import ConfigError, Settings
+from ductor_streams.process.cli import main
 from tests.support.server import free_port
 from tests.temporal.polling import eventually
 
@@ -108,7 +108,7 @@ def test_the_documented_table_lists_every_variable() -> None:
     )
 
 
-# The OpenTelemetry variables docs/configuration.md lists (tracing.py reads them).
+# The OpenTelemetry variables docs/configuration.md lists (foundation/tracing.py reads them).
 OTEL_DOCUMENTED = {
     "OTEL_TRACES_EXPORTER",
     "OTEL_EXPORTER_OTLP_ENDPOINT",
@@ -226,7 +226,7 @@ def test_version_prints_the_package_version() -> None:
     import importlib.metadata
 
     out = subprocess.run(
-        [sys.executable, "-m", "ductor_streams.cli", "--version"],
+        [sys.executable, "-m", "ductor_streams.process.cli", "--version"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -247,7 +247,7 @@ async def test_serve_listens_where_host_and_port_say(database_url: str) -> None:
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "ductor_streams.cli",
+        "ductor_streams.process.cli",
         "serve",
         "--no-workers",
         env=env,

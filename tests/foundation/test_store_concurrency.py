@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from ductor_streams.definitions import parse_definition
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.store import Store, StreamKey, encode_batch
 
 

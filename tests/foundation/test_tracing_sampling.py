@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision
 
-from ductor_streams import tracing
+from ductor_streams.foundation import tracing
 
 SAMPLED = "00-" + "a" * 32 + "-" + "b" * 16 + "-01"
 UNSAMPLED = "00-" + "a" * 32 + "-" + "b" * 16 + "-00"

@@ -14,9 +14,9 @@ import pytest
 
 from ductor_streams.live import followers as followers_module
 from ductor_streams.live.config import LiveSettings
-from ductor_streams.live.follower import StreamFollower
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub
+from ductor_streams.live.stream_follower import StreamFollower
 from ductor_streams.live.subscription import Subscription
 from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.append import committed_records

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from datetime import UTC, datetime
 
-from ductor_streams.http.sse_response import DirectWriter
+from ductor_streams.http.codecs.sse_response import DirectWriter
 from ductor_streams.live.events import LiveBatch
 from ductor_streams.live.subscription import Subscription
 from ductor_streams.store.models import Page, Record

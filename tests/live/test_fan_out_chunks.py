@@ -1,5 +1,5 @@
-"""The fan-out's chunk writes (http/sse_response.py ``DirectWriter`` with a
-``ChunkWriter``, http/connection_guard.py): one framed chunk per batch and redaction,
+"""The fan-out's chunk writes (http/codecs/sse_response.py ``DirectWriter`` with a
+``ChunkWriter``, compat/uvicorn_protocol.py): one framed chunk per batch and redaction,
 written straight to each idle subscriber's transport.
 
 Against a real server subprocess, with raw-socket subscribers that parse the HTTP/1.1
@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from ductor_streams.http.connection_guard import chunk_frame
-from ductor_streams.http.sse_response import DirectWriter
+from ductor_streams.compat.uvicorn_protocol import chunk_frame
+from ductor_streams.http.codecs.sse_response import DirectWriter
 from ductor_streams.live.events import LiveBatch
 from ductor_streams.store.models import Record
 from tests.support.live import append, close, create_stream, eventually, stream_url

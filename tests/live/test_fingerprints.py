@@ -25,14 +25,14 @@ from ductor_streams.errors import (
     HistoryDiverged,
     InvalidFingerprint,
 )
-from ductor_streams.http.codec import encode_record, record_json
-from ductor_streams.live.record_wakes import parse_record_wake, record_wake
-from ductor_streams.plugin.activity.reader import StreamReader
+from ductor_streams.http.codecs.json_bodies import encode_record, record_json
+from ductor_streams.plugin.streaming.reader import StreamReader
 from ductor_streams.runtime import Runtime
 from ductor_streams.store import Store
 from ductor_streams.store.fingerprint import parse_fingerprint, record_fingerprint
 from ductor_streams.store.read import read_page, read_page_text, verify_fingerprint
 from ductor_streams.store.read_frames import read_sse_frames
+from ductor_streams.store.wake_format import parse_record_wake, record_wake
 from tests.conftest import JWT_SECRET, TokenFactory
 from tests.support.credit import append as store_append
 from tests.support.credit import make_stream
@@ -459,7 +459,7 @@ async def test_the_client_reconnects_with_the_last_fingerprint(
 
 
 class _Attempt:
-    """What a reader needs of its activity attempt (plugin/activity/attempt.py): the
+    """What a reader needs of its activity attempt (plugin/streaming/attempt.py): the
     previous attempt's progress, and heartbeats (counted)."""
 
     def __init__(self, readers: dict[str, int], fingerprints: dict[str, str]) -> None:

@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from ductor_streams.definitions import parse_definition
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.events import End, LiveBatch
 from ductor_streams.live.followers import Followers
@@ -51,7 +51,7 @@ async def hub(database_url):
         await hub.close()
 
 
-# A payload too large for a wake to carry (live/record_wakes.py MAX_PAYLOAD_BYTES).
+# A payload too large for a wake to carry (store/wake_format.py MAX_PAYLOAD_BYTES).
 LARGE = "x" * 8_000
 
 

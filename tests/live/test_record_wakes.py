@@ -1,4 +1,4 @@
-"""Wakes that carry their records (live/record_wakes.py): what fits in one, that a
+"""Wakes that carry their records (store/wake_format.py): what fits in one, that a
 follower in another process fans them out without a read, exactly as a read returns
 them, and that whatever does not follow on is still read."""
 
@@ -13,10 +13,10 @@ import pytest
 from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub, parse_wake
-from ductor_streams.live.record_wakes import MAX_PAYLOAD_BYTES, parse_record_wake, record_wake
 from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.models import Record
 from ductor_streams.store.read import read_page
+from ductor_streams.store.wake_format import MAX_PAYLOAD_BYTES, parse_record_wake, record_wake
 from tests.live.test_followers import add, new_stream
 from tests.support.live import eventually
 

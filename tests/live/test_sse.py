@@ -310,7 +310,9 @@ async def test_keepalive_comment_while_idle(live_server, auth, run_id):
         async with c.stream("GET", stream_url(run_id, "idle") + "/subscribe", headers=h) as r:
             assert r.status_code == 200
             assert r.headers["content-type"].startswith("text/event-stream")
-            assert r.headers["cache-control"] == "no-store"  # every API answer (http/headers.py)
+            assert (
+                r.headers["cache-control"] == "no-store"
+            )  # every API answer (http/codecs/headers.py)
             async for line in r.aiter_lines():
                 lines.append(line)
                 if lines.count(": keepalive") >= 3:

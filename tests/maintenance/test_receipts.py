@@ -17,7 +17,7 @@ import asyncpg
 from litestar.testing import AsyncTestClient
 
 from ductor_streams.config import Settings
-from ductor_streams.definitions import parse_definition
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.maintenance.retention import prune_all
 from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
 from tests.conftest import API, TokenFactory
@@ -193,7 +193,7 @@ async def test_prune_command_uses_the_configured_window(
         }
         done = await asyncio.to_thread(
             subprocess.run,
-            [sys.executable, "-m", "ductor_streams.cli", "prune"],
+            [sys.executable, "-m", "ductor_streams.process.cli", "prune"],
             env=env,
             capture_output=True,
             text=True,

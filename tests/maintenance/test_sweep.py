@@ -178,7 +178,7 @@ async def test_prune_command_prints_what_it_did(
     }
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "ductor_streams.cli", "prune"],
+        [sys.executable, "-m", "ductor_streams.process.cli", "prune"],
         env=env,
         capture_output=True,
         text=True,

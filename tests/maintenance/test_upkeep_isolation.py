@@ -24,9 +24,9 @@ import asyncpg
 import pytest
 from litestar.testing import AsyncTestClient
 
-from ductor_streams import metrics
 from ductor_streams.config import Settings
-from ductor_streams.logs import JsonFormatter
+from ductor_streams.foundation import metrics
+from ductor_streams.foundation.logs import JsonFormatter
 from ductor_streams.maintenance import deletions, run_pass
 from ductor_streams.maintenance.deletions import run_deletions
 from ductor_streams.maintenance.sweep import expire_intents, sweep_orphans
@@ -168,7 +168,7 @@ async def test_prune_command_steps_over_a_stream_that_fails(
 ) -> None:
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "ductor_streams.cli", "prune"],
+        [sys.executable, "-m", "ductor_streams.process.cli", "prune"],
         env={**os.environ, **settings_env(settings), "DUCTOR_STREAMS_ORPHAN_GRACE": "3600"},
         capture_output=True,
         text=True,
@@ -186,7 +186,7 @@ async def test_prune_command_steps_over_a_stream_that_fails(
     await _append(client, auth(), run_id, "kept", 3)  # sequences 6..8
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "ductor_streams.cli", "prune"],
+        [sys.executable, "-m", "ductor_streams.process.cli", "prune"],
         env={**os.environ, **settings_env(settings), "DUCTOR_STREAMS_ORPHAN_GRACE": "3600"},
         capture_output=True,
         text=True,

@@ -17,7 +17,7 @@ from tests.support.server import settings_env
 def _cli(settings: Any, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, **settings_env(settings)}
     return subprocess.run(
-        [sys.executable, "-m", "ductor_streams.cli", "outbox", *args],
+        [sys.executable, "-m", "ductor_streams.process.cli", "outbox", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -1,4 +1,4 @@
-"""Every HTTP request is observed (http/observe.py): counted by route template and status
+"""Every HTTP request is observed (http/middleware/observe.py): counted by route template and status
 in /metrics, logged as JSON (uvicorn's access lines included) with the request ID the
 response echoes, in problem bodies too. A real `serve` subprocess of its own, so that
 the counts are exact."""

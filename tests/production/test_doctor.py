@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 import pytest
 
 from ductor_streams.config import Settings
-from ductor_streams.doctor import decisions
-from ductor_streams.doctor.decisions import Durability, Sessions, Standby
-from ductor_streams.doctor.report import Check, as_json, as_table, exit_code
+from ductor_streams.process.doctor import decisions
+from ductor_streams.process.doctor.decisions import Durability, Sessions, Standby
+from ductor_streams.process.doctor.report import Check, as_json, as_table, exit_code
 from tests.support.pgbouncer import PgBouncer
 from tests.support.postgres import TestDatabase
 from tests.support.server import free_port
@@ -204,7 +204,7 @@ def doctor(env: dict[str, str], *args: str) -> tuple[int, dict[str, Any], str]:
         k: v for k, v in os.environ.items() if not k.startswith(("DUCTOR_STREAMS_", "TEMPORAL_"))
     }
     done = subprocess.run(
-        [sys.executable, "-m", "ductor_streams.cli", "doctor", "--json", *args],
+        [sys.executable, "-m", "ductor_streams.process.cli", "doctor", "--json", *args],
         env={**clean, **env},
         capture_output=True,
         text=True,
@@ -409,7 +409,7 @@ def test_unreachable_services_fail_within_the_timeout() -> None:
 def test_the_table_and_bad_usage(database_url: str) -> None:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("DUCTOR_STREAMS_")}
     done = subprocess.run(
-        [sys.executable, "-m", "ductor_streams.cli", "doctor"],
+        [sys.executable, "-m", "ductor_streams.process.cli", "doctor"],
         env={**clean, "DUCTOR_STREAMS_DATABASE_URL": database_url},
         capture_output=True,
         text=True,

@@ -89,7 +89,7 @@ class HA:
 def _cli(dsn: str, *args: str) -> subprocess.CompletedProcess[str]:
     env = {**os.environ, "DUCTOR_STREAMS_DATABASE_URL": dsn}
     return subprocess.run(
-        [sys.executable, "-m", "ductor_streams.cli", *args],
+        [sys.executable, "-m", "ductor_streams.process.cli", *args],
         env=env,
         capture_output=True,
         text=True,

@@ -31,7 +31,10 @@ def _start_workers(settings: Settings, log_path: Path) -> subprocess.Popen[bytes
     env = {**os.environ, **settings_env(settings), "DUCTOR_STREAMS_MAINTENANCE_INTERVAL": "0.5"}
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "ductor_streams.cli", "workers"], env=env, stdout=log, stderr=log
+            [sys.executable, "-m", "ductor_streams.process.cli", "workers"],
+            env=env,
+            stdout=log,
+            stderr=log,
         )
 
 

@@ -29,11 +29,11 @@ import pytest
 from temporalio.client import Client
 from temporalio.worker import Worker
 
+from ductor_streams.compat.asyncpg_statements import UnnamedStatementConnection
 from ductor_streams.config import Settings
 from ductor_streams.plugin import StreamsPlugin
 from ductor_streams.schema.migrate import available_migrations
 from ductor_streams.store.db import create_pool
-from ductor_streams.store.unnamed import UnnamedStatementConnection
 from examples.workflows.echo import TASK_QUEUE, EchoWorkflow
 from tests.conftest import TokenFactory
 from tests.support.credit import ack_url, definition_body, records_url, stream_url
@@ -78,7 +78,7 @@ def pooled(settings: Settings, bouncer: PgBouncer, **changes: Any) -> Settings:
 
 def _cli(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "ductor_streams.cli", *args],
+        [sys.executable, "-m", "ductor_streams.process.cli", *args],
         env={**os.environ, **env},
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -120,7 +120,7 @@ async def test_the_pooler_shares_server_sessions_and_the_pool_works_through_it(
 
         results = await asyncio.gather(*(one(i) for i in range(48)))
         # Nothing named was left on any server session; each connection described each
-        # query once (store/unnamed.py) and ran it unnamed from then on.
+        # query once (compat/asyncpg_statements.py) and ran it unnamed from then on.
         named = await asyncio.gather(
             *(
                 pool.fetchval(
@@ -205,7 +205,7 @@ def _start_workers(settings: Settings, log_path: Path) -> subprocess.Popen[bytes
     env = {**os.environ, **settings_env(settings), **NO_POLL}
     with open(log_path, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "ductor_streams.cli", "workers"],
+            [sys.executable, "-m", "ductor_streams.process.cli", "workers"],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

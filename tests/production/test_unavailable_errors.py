@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsError
-from ductor_streams.http.problems import error_for, problem_parts
+from ductor_streams.http.codecs.problems import error_for, problem_parts
 from ductor_streams.store import outage
 from ductor_streams.store.db import create_pool, database_unavailable, translate_db_error
 from tests.support.live import eventually

@@ -1,4 +1,4 @@
-"""CORS (http/cors.py) against real server subprocesses: one with a list of origins, one
+"""CORS (http/middleware/cors.py) against real server subprocesses: one with a list of origins, one
 with ``*``, and the session's server without the setting. Preflights and actual answers,
 listed and unlisted origins, on the records front (append and read), Litestar routes,
 SSE, a route that does not exist yet, and problems (401, 404)."""
@@ -14,7 +14,7 @@ import pytest
 from httpx_sse import aconnect_sse
 
 from ductor_streams.config import ConfigError, Settings
-from ductor_streams.http.cors import (
+from ductor_streams.http.middleware.cors import (
     ALLOWED_METHODS,
     ALLOWED_REQUEST_HEADERS,
     EXPOSED_RESPONSE_HEADERS,

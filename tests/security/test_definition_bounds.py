@@ -13,7 +13,7 @@ import asyncpg
 import pytest
 from litestar.testing import AsyncTestClient
 
-from ductor_streams.definitions import (
+from ductor_streams.foundation.definitions import (
     MAX_AGE_SECONDS,
     MAX_BLOCK_TIMEOUT_MS,
     MAX_CONSUMERS,
@@ -180,7 +180,7 @@ async def test_a_stored_definition_past_the_bounds_still_reads_appends_and_prune
 
 
 def test_stored_numbers_are_read_within_the_bounds_without_failing() -> None:
-    from ductor_streams.definitions import definition_from_json
+    from ductor_streams.foundation.definitions import definition_from_json
 
     stored = parse_definition(
         {"stream_id": "s", "direction": "output"},

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from ductor_streams.logs import JsonFormatter
+from ductor_streams.foundation.logs import JsonFormatter
 from tests.conftest import JWT_SECRET
 from tests.security.tour import tour
 from tests.security.world import World
@@ -133,7 +133,7 @@ async def test_the_outbox_cli_never_prints_payloads(world: World, settings: Any)
         process = await asyncio.create_subprocess_exec(
             sys.executable,
             "-m",
-            "ductor_streams.cli",
+            "ductor_streams.process.cli",
             "outbox",
             *args,
             env=env,

@@ -20,7 +20,7 @@ from ductor_streams.activities import objects as activity_objects
 from ductor_streams.activities.models import CreateStreamInput, ReadInput
 from ductor_streams.activities.streams import StreamsActivities
 from ductor_streams.config import Settings
-from ductor_streams.definitions import CONTENT_CLASSES
+from ductor_streams.foundation.definitions import CONTENT_CLASSES
 from tests.conftest import API
 from tests.security.dbstate import fingerprint
 from tests.security.test_auth_matrix import assert_problem

@@ -21,8 +21,8 @@ import pytest
 
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
-from ductor_streams.http.codec import encode_json, page_json
-from ductor_streams.http.ds.reads import PAGE_BYTES, PAGE_RECORDS
+from ductor_streams.http.codecs.json_bodies import encode_json, page_json
+from ductor_streams.http.fronts.ds.reads import PAGE_BYTES, PAGE_RECORDS
 from ductor_streams.store.read import read_page
 from tests.conftest import API, JWT_SECRET
 from tests.support.objects import ObjectApi, stream_pk

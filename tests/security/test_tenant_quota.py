@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from ductor_streams.activities import error_types
-from ductor_streams.activities.errors import to_application_error
+from ductor_streams.activities.application_errors import to_application_error
 from ductor_streams.config import Settings
-from ductor_streams.definitions import parse_definition
 from ductor_streams.errors import DefinitionConflict, TenantQuotaExhausted
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.store import Store, StreamKey
 from ductor_streams.store.db import create_pool
 from tests.conftest import API, TokenFactory

@@ -1,4 +1,4 @@
-"""store/eager.py: a coroutine started at once in the caller's turn, then driven as a
+"""compat/asyncio_tasks.py: a coroutine started at once in the caller's turn, then driven as a
 task would drive it (results, errors and cancellation), and the appender sending its
 statement from the submitting request's turn of the loop."""
 
@@ -11,8 +11,8 @@ from collections.abc import Callable
 import pytest
 import uvloop
 
+from ductor_streams.compat.asyncio_tasks import start_now
 from ductor_streams.store import Store, encode_batch
-from ductor_streams.store.eager import start_now
 from ductor_streams.store.encoding import EncodedBatch
 from tests.support.credit import make_stream
 

@@ -9,8 +9,8 @@ import asyncio
 import pytest
 import uvloop
 
-from ductor_streams import worker_process
 from ductor_streams.config import Settings
+from ductor_streams.process import workers as worker_process
 
 
 def test_workers_run_their_services_on_uvloop(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from ductor_streams.delivery.service import DUE_WAKES, _InputWakes
 from ductor_streams.live.hub import NotificationHub
+from ductor_streams.process.dispatcher import DUE_WAKES, _InputWakes
 from ductor_streams.store import Store, encode_batch
 from ductor_streams.store.models import StreamRef
 from tests.support.credit import make_stream

@@ -11,7 +11,12 @@ import msgspec
 import pytest
 
 from ductor_streams.errors import CursorExpired, CursorInFuture, NotFound
-from ductor_streams.http.codec import encode_json, encode_record, page_json, page_text_json
+from ductor_streams.http.codecs.json_bodies import (
+    encode_json,
+    encode_record,
+    page_json,
+    page_text_json,
+)
 from ductor_streams.store import Store
 from ductor_streams.store.fingerprint import record_fingerprint
 from ductor_streams.store.models import Record, StreamRef

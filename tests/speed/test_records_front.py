@@ -1,4 +1,4 @@
-"""The records front (http/records_front.py) answers exactly as the Litestar routes do.
+"""The records front (http/fronts/records.py) answers exactly as the Litestar routes do.
 
 The same sequence of requests goes to two identical streams: one through the app as
 served (appends and reads of records answered by the front), one through Litestar alone
@@ -17,8 +17,8 @@ from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from ductor_streams.http import create_app
 from ductor_streams.http.app import StreamsApp
-from ductor_streams.http.records_front import is_records_request
-from ductor_streams.http.routes_records import MAX_APPEND_BODY
+from ductor_streams.http.fronts.records import is_records_request
+from ductor_streams.http.routes.records import MAX_APPEND_BODY
 from tests.conftest import API, TokenFactory, unique
 
 APPENDED_AT = re.compile(r'"appended_at":"[^"]+"')

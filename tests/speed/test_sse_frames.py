@@ -1,6 +1,6 @@
 """The SSE backfill's framed pages (``records_read_sse_frames``, store/read_frames.py)
 are byte for byte what the record-by-record path writes (``read_page`` records framed by
-http/routes_subscribe.py ``_record_frames``): page by page, through a whole
+http/routes/subscribe.py ``_record_frames``): page by page, through a whole
 subscription (boundaries, objects, close), and over HTTP; the cursor rules are the
 same."""
 
@@ -12,7 +12,7 @@ import msgspec
 import pytest
 
 from ductor_streams.errors import CursorExpired, CursorInFuture, NotFound
-from ductor_streams.http.routes_subscribe import _record_frames
+from ductor_streams.http.routes.subscribe import _record_frames
 from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.events import End, LiveBatch
 from ductor_streams.live.followers import Followers

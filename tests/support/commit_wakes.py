@@ -1,13 +1,13 @@
 """The wake an append statement's own commit sends (``workflow_streams.records_wake``),
 for tests that wait for it: the records it appended as one record-carrying wake
-(live/record_wakes.py), or the plain ``r<pk>:<last>`` when they do not fit one."""
+(store/wake_format.py), or the plain ``r<pk>:<last>`` when they do not fit one."""
 
 from __future__ import annotations
 
 import asyncpg
 
-from ductor_streams.live.record_wakes import record_wake
 from ductor_streams.store.read import read_page
+from ductor_streams.store.wake_format import record_wake
 
 
 async def commit_wake(pool: asyncpg.Pool, stream_pk: int, first: int, last: int) -> str:

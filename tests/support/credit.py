@@ -6,7 +6,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from ductor_streams.definitions import parse_definition
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.store import Store, StreamKey, StreamRef, encode_batch
 from ductor_streams.store.models import AppendResult
 

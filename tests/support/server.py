@@ -64,7 +64,7 @@ class ServerProcess:
     # The working directory: ``python -m`` imports the package found there first.
     cwd: Path | None = None
     # The module run as ``python -m <module> serve ...`` (a benchmark may wrap the CLI).
-    module: str = "ductor_streams.cli"
+    module: str = "ductor_streams.process.cli"
     # Words before the interpreter (a benchmark may run the server under valgrind).
     prefix: tuple[str, ...] = ()
 

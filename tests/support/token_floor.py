@@ -50,14 +50,14 @@ from typing import Any
 
 import asyncpg
 
-from ductor_streams.definitions import parse_definition
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.live.hub import CHANNEL as PRODUCT_CHANNEL
-from ductor_streams.live.record_wakes import parse_record_wake
-from ductor_streams.plugin.activity.attempt import KEY_PREFIX
+from ductor_streams.plugin.streaming.attempt import KEY_PREFIX
 from ductor_streams.schema import QUERIES
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store.append import statement_arguments
 from ductor_streams.store.encoding import batch_of_encoded
+from ductor_streams.store.wake_format import parse_record_wake
 
 CHANNEL = "bench_token_floor"
 SETUP = """
@@ -84,7 +84,7 @@ SELECT 'bench', r, 'output', 'output', $2::jsonb, now() + interval '1 hour'
 RETURNING stream_pk"""
 # The producer's connection, as pg_stat_activity names it.
 PRODUCER_APPLICATION = "bench_token_floor_producer"
-# The shape of a stream_writer batch's key (plugin/activity/attempt.py): the prefix, the
+# The shape of a stream_writer batch's key (plugin/streaming/attempt.py): the prefix, the
 # attempt's digest, the attempt, the batch's number.
 KEY = KEY_PREFIX + "{digest}:1:{number}"
 RESPONSE_HEAD = (

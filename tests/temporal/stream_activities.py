@@ -11,8 +11,8 @@ from typing import Any
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from ductor_streams.plugin.activity import stream_reader, stream_writer
-from ductor_streams.plugin.activity.attempt import attempt_state
+from ductor_streams.plugin.streaming import stream_reader, stream_writer
+from ductor_streams.plugin.streaming.attempt import attempt_state
 from tests.temporal.stream_workflows import (
     READ_MESSAGES,
     WRITE_TOKENS,

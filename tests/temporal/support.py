@@ -80,7 +80,7 @@ class WorkersProcess:
 
         log = open(self.log_path, "ab")
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "ductor_streams.cli", "workers"],
+            [sys.executable, "-m", "ductor_streams.process.cli", "workers"],
             env={**os.environ, **self._env},
             stdout=log,
             stderr=log,

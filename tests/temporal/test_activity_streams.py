@@ -1,4 +1,4 @@
-"""Streams written and read from inside activities (``ductor_streams.plugin.activity``),
+"""Streams written and read from inside activities (``ductor_streams.plugin.streaming``),
 against real Postgres, a real Temporal dev server and a real ``serve`` subprocess."""
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from ductor_streams.activities import error_types
 from ductor_streams.config import Settings
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.plugin import StreamsPlugin
-from ductor_streams.plugin.activity import HEARTBEAT_KEY, RETRY_MARKER_TYPE
+from ductor_streams.plugin.streaming import HEARTBEAT_KEY, RETRY_MARKER_TYPE
 from ductor_streams.store import Store, StreamRef
 from tests.conftest import TokenFactory
 from tests.support.server import ServerProcess, settings_env

@@ -14,10 +14,10 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
-from ductor_streams import metrics
 from ductor_streams.delivery import Dispatcher, InputEvent, outbox
 from ductor_streams.delivery.outbox import ClaimedDelivery
-from ductor_streams.delivery.service import AppendLeases
+from ductor_streams.foundation import metrics
+from ductor_streams.process.dispatcher import AppendLeases
 from ductor_streams.schema import QUERIES
 from ductor_streams.store import Store, StreamRef, encode_batch
 from ductor_streams.store.append import LeasedDeliveries
@@ -33,7 +33,7 @@ LEASING = dataclasses.replace(FAST, lease_seconds=30.0, idle_poll=0.05)
 async def leasing(
     store: Store, dispatcher: Dispatcher, leases: AppendLeases | None = None
 ) -> AsyncIterator[Dispatcher]:
-    """``dispatcher`` running as ``serve`` runs it (delivery/service.py): the store's
+    """``dispatcher`` running as ``serve`` runs it (process/dispatcher.py): the store's
     appends lease to it, and their commits wake it directly."""
     store.appender.leases = leases or AppendLeases(dispatcher, dispatcher_tenant(dispatcher))
     store.input_appended = lambda ref, last: dispatcher.notify(ref.stream_pk, last)

@@ -1,4 +1,4 @@
-"""When the stream helpers heartbeat an activity attempt (plugin/activity/attempt.py),
+"""When the stream helpers heartbeat an activity attempt (plugin/streaming/attempt.py),
 through Temporal's ActivityEnvironment, which records each heartbeat's details."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from typing import Any
 from temporalio import activity
 from temporalio.testing import ActivityEnvironment
 
-from ductor_streams.plugin.activity.attempt import HEARTBEAT_KEY, attempt_state
+from ductor_streams.plugin.streaming.attempt import HEARTBEAT_KEY, attempt_state
 
 
 def environment(beats: list[Any], *, attempt: int = 1, details: list[Any] | None = None):

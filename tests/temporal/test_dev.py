@@ -23,7 +23,7 @@ from tests.temporal.polling import eventually
 def start_dev(port: int, data_dir: Path, out: Path) -> subprocess.Popen[bytes]:
     """`dev` with none of the DUCTOR_STREAMS_* settings: it must start everything."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DUCTOR_STREAMS_")}
-    args = [sys.executable, "-m", "ductor_streams.cli", "dev", "--port", str(port)]
+    args = [sys.executable, "-m", "ductor_streams.process.cli", "dev", "--port", str(port)]
     args += ["--data-dir", str(data_dir)]
     with open(out, "wb") as log:
         return subprocess.Popen(

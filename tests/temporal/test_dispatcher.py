@@ -17,8 +17,8 @@ import asyncpg
 import pytest
 from temporalio.client import Client
 
-from ductor_streams.definitions import parse_definition
 from ductor_streams.delivery import DeliveryFailed, Dispatcher, DispatcherConfig, InputEvent, outbox
+from ductor_streams.foundation.definitions import parse_definition
 from ductor_streams.store import Store, StreamKey, StreamRef
 from tests.temporal.conftest import WorkerFactory
 from tests.temporal.polling import eventually

@@ -1,4 +1,4 @@
-"""Garbage-collection tuning (ductor_streams/gc_tuning.py): start-up objects frozen out
+"""Garbage-collection tuning (ductor_streams/runtime/gc_tuning.py): start-up objects frozen out
 of collection and full collections ten times rarer, once per process, in ``serve`` and
 in a worker with the StreamsPlugin (unless ``tune_gc=False``); each collection's pause
 on /metrics. Each check runs in a process of its own: tuning is process-wide."""

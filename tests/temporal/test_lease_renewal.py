@@ -244,5 +244,5 @@ async def test_a_release_on_stop_wakes_the_other_dispatchers(
     finally:
         await listener.close()
     # Only the release with a wake that gave something back announced it; stream 0 is
-    # what the hub hands every dispatcher (delivery/service.py).
+    # what the hub hands every dispatcher (process/dispatcher.py).
     assert heard == ["d0", "end"]

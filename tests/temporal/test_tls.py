@@ -325,7 +325,7 @@ def test_workers_exit_2_on_a_bad_tls_file(settings: Settings, no_temporal_env: N
         "TEMPORAL_TLS_SERVER_CA_CERT_PATH": "/nonexistent/ca.pem",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "ductor_streams.cli", "workers"],
+        [sys.executable, "-m", "ductor_streams.process.cli", "workers"],
         env=env,
         capture_output=True,
         text=True,
@@ -349,7 +349,7 @@ def start_dev(env: dict[str, str], port: int, data_dir: Path, out: Path) -> subp
     args = ["dev", "--port", str(port), "--data-dir", str(data_dir)]
     with open(out, "wb") as log:
         return subprocess.Popen(
-            [sys.executable, "-m", "ductor_streams.cli", *args],
+            [sys.executable, "-m", "ductor_streams.process.cli", *args],
             env=env,
             stdout=log,
             stderr=subprocess.STDOUT,

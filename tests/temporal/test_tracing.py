@@ -1,5 +1,5 @@
-"""One trace from an app's POST to the workflow's signal handling (tracing.py,
-temporal_tracing.py), and no OpenTelemetry work at all while tracing is off.
+"""One trace from an app's POST to the workflow's signal handling (foundation/tracing.py,
+foundation/temporal_tracing.py), and no OpenTelemetry work at all while tracing is off.
 
 The chain every test checks, all in the POST's trace:
   client's traceparent -> ``POST <records route>`` (serve, server span)
@@ -33,11 +33,12 @@ from opentelemetry.trace import NoOpTracer
 from temporalio.client import Client
 from temporalio.worker import Worker
 
-from ductor_streams import temporal_connection, tracing
+from ductor_streams import temporal_connection
 from ductor_streams.config import Settings
+from ductor_streams.foundation import tracing
+from ductor_streams.foundation.signals import INPUT_SIGNAL
 from ductor_streams.http import create_app
 from ductor_streams.plugin import StreamsPlugin
-from ductor_streams.signals import INPUT_SIGNAL
 from tests.conftest import API, TokenFactory
 from tests.support.otlp import OtlpReceiver
 from tests.support.server import ServerProcess, settings_env
@@ -353,7 +354,7 @@ async def test_tracing_off_means_the_no_op_tracer_and_no_opentelemetry_work(
     assert not wf_settings.trace_exporters
     plugin = StreamsPlugin(wf_settings)
     assert not plugin.interceptors  # the plugin keeps Temporal's interceptor out
-    from ductor_streams.temporal_tracing import interceptors
+    from ductor_streams.foundation.temporal_tracing import interceptors
 
     assert interceptors() == []
 

@@ -137,7 +137,7 @@ UPDATE workflow_streams.input_deliveries
 -- Gives back the unattempted rest of a claim (owner $2), untouched otherwise; returns how
 -- many rows it gave back. With $3 (a dispatcher stopping, or past its lease guard) and
 -- anything given back, it also wakes every dispatcher at commit: wake 'd0' names stream
--- 0, which the hub hands to its any-stream watchers (delivery/service.py), so another
+-- 0, which the hub hands to its any-stream watchers (process/dispatcher.py), so another
 -- replica claims the rows at once instead of at its next idle poll.
 WITH released AS (
     UPDATE workflow_streams.input_deliveries

@@ -1,4 +1,4 @@
--- The Durable Streams endpoint (http/ds/, docs/durable-streams.md). Named blocks as
+-- The Durable Streams endpoint (http/fronts/ds/, docs/durable-streams.md). Named blocks as
 -- everywhere.
 
 -- name: ds_append

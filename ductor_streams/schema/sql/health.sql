@@ -1,4 +1,4 @@
--- Readiness (http/health.py): `-- name: <entity>_<verb>`.
+-- Readiness (http/routes/health.py): `-- name: <entity>_<verb>`.
 
 -- name: health_takes_writes
 -- Whether this session may write: false on a hot standby (in recovery), and on a

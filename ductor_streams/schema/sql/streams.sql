@@ -43,7 +43,7 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
  ORDER BY r.sequence;
 
 -- name: records_read_page_json
--- records_read with the page's records already as the API's JSON (http/codec.py
+-- records_read with the page's records already as the API's JSON (http/codecs/json_bodies.py
 -- record_json, byte for byte), joined with commas: Postgres writes the text, so a page
 -- costs the server one string instead of a Python object per record and field. The
 -- payload is stored as compact JSON text and spliced in as is; appended_at is written as
@@ -53,7 +53,7 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
 -- Only the page's first piece is read: the records that start within $4 payload bytes of
 -- its first one (at least that one). Sequences are dense, so the page is $2+1 .. $2+$3
 -- (up to the latest); the caller reads the rest a piece at a time (records_range_json),
--- and a response never holds more than a piece in memory (http/write_budget.py).
+-- and a response never holds more than a piece in memory (http/middleware/write_budget.py).
 -- Each record's fingerprint is workflow_streams.record_fingerprint's (inlined
 -- by the planner). With $5 true, cursor_fingerprint is the fingerprint of the
 -- record at the cursor (NULL: none), for a reader that sent one (store/fingerprint.py);
@@ -162,7 +162,7 @@ SELECT s.latest_sequence, s.earliest_sequence, s.closed_at IS NOT NULL AS closed
 -- records_read_bytes' page ($3 records at most, at most $4 payload bytes but at least one
 -- record) already written as the native SSE response's record events, joined: for each
 -- record "event: record\nid: <sequence>\ndata: <its JSON>\n\n", the JSON exactly as
--- records_read_page_json writes it (http/routes_subscribe.py _record_frames, byte for
+-- records_read_page_json writes it (http/routes/subscribe.py _record_frames, byte for
 -- byte). The SSE backfill then costs the server one string per page, not a Python
 -- object per record and field (docs/speed.md, "SSE backfill written by Postgres"). A
 -- record that refers to an object (jsonb's text form is not compact) ends the framed
@@ -233,7 +233,7 @@ UPDATE workflow_streams.streams
 -- name: append_receipts_with_prefix
 -- The stream's append receipts whose idempotency key starts with $2, in sequence order:
 -- an activity's stream writer finds what earlier attempts of the activity appended
--- (their keys share a prefix, ductor_streams/plugin/activity/keys.py). Reads only the
+-- (their keys share a prefix, ductor_streams/plugin/streaming/keys.py). Reads only the
 -- stream's own receipts (the primary key's first column).
 SELECT idempotency_key, first_sequence, last_sequence
   FROM workflow_streams.append_receipts
