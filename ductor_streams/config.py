@@ -18,13 +18,10 @@ import logging
 import os
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Literal
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
-
-if TYPE_CHECKING:
-    from ductor_streams.live.config import LiveSettings
-    from ductor_streams.maintenance.upkeep import UpkeepConfig
 
 ENV_PREFIX = "DUCTOR_STREAMS_"
 # The standard variables of Temporal's clients (temporalio.envconfig) that the settings
@@ -49,14 +46,63 @@ GOOGLE_CREDENTIALS_ENV = "GOOGLE_APPLICATION_CREDENTIALS"
 POOLER_MODES = ("session", "transaction")
 
 
-# How long opening one Postgres connection may take (the pool's and the LISTEN
-# connection's; store/db.py says why). Here rather than in store/ because live/ needs it
-# too, and importing store/ from live/ would be circular.
-DATABASE_CONNECT_TIMEOUT_SECONDS = 10.0
+# Upkeep's defaults (maintenance/sweep.py, maintenance/retention.py use them too).
+DEFAULT_ORPHAN_GRACE_SECONDS = 3600.0
+DEFAULT_IDEMPOTENCY_WINDOW_SECONDS = 86_400.0
 
 
 class ConfigError(Exception):
     """A missing or invalid setting; the CLI prints it on one line and exits 2."""
+
+
+# The config objects of the parts: ``Settings`` builds each from its flat fields
+# (``Settings.live``, ``Settings.upkeep``); tests and embedding code make them directly.
+
+
+@dataclass(frozen=True, slots=True)
+class LiveSettings:
+    """How live delivery behaves in this process.
+
+    ``keepalive_seconds``: idle time after which an SSE comment is sent (the contract
+    asks for one at least every 15 s). ``buffer_records``: records a subscriber may
+    hold in memory before it falls back to reading from Postgres. ``page_records``:
+    records per backfill / repair / follower read. ``poll_seconds``: a follower also
+    reads when no wake came for this long, so a lost notification (e.g. a writer that
+    died between its commit and its NOTIFY) delays delivery but never stalls it.
+    ``watch_seconds``: how long a follower's watch of its stream lasts (appends notify
+    while it does); renewed every third of it while followed. Not from the environment.
+
+    A subscriber's memory is bounded in bytes too: ``buffer_bytes`` of buffered records
+    (past it, as past ``buffer_records``, it reads Postgres instead), ``page_bytes`` per
+    read (not from the environment), and ``write_chunk`` bytes per write to its socket, so
+    a slow reader holds at most about one chunk in the server's send buffer.
+    ``stall_seconds``: a write that the client has not accepted for this long ends the
+    connection (the client resumes with Last-Event-ID).
+    """
+
+    keepalive_seconds: float = 10.0
+    buffer_records: int = 4096
+    page_records: int = 500
+    poll_seconds: float = 5.0
+    watch_seconds: float = 60.0
+    buffer_bytes: int = 4 * 1024 * 1024
+    page_bytes: int = 256 * 1024
+    write_chunk: int = 64 * 1024
+    stall_seconds: float = 30.0
+
+
+@dataclass(frozen=True)
+class UpkeepConfig:
+    """How often upkeep runs, in seconds (``Settings.upkeep`` builds it from
+    ``DUCTOR_STREAMS_MAINTENANCE_INTERVAL``, ``_ORPHAN_SWEEP_INTERVAL``,
+    ``_ORPHAN_GRACE`` and ``_IDEMPOTENCY_WINDOW_SECONDS``). The orphan sweep runs less
+    often because listing a bucket costs more; the grace is longer than any upload in
+    flight; append receipts outlive their records by the idempotency window."""
+
+    interval_seconds: float = 30.0
+    orphan_interval_seconds: float = 600.0
+    orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE_SECONDS
+    idempotency_window_seconds: float = DEFAULT_IDEMPOTENCY_WINDOW_SECONDS
 
 
 # Fields whose variable is not simply DUCTOR_STREAMS_<FIELD>.
@@ -379,8 +425,6 @@ class Settings(BaseModel):
 
     @property
     def live(self) -> LiveSettings:
-        from ductor_streams.live.config import LiveSettings
-
         return LiveSettings(
             keepalive_seconds=self.sse_keepalive_seconds,
             buffer_records=self.sse_buffer_records,
@@ -392,8 +436,6 @@ class Settings(BaseModel):
 
     @property
     def upkeep(self) -> UpkeepConfig:
-        from ductor_streams.maintenance.upkeep import UpkeepConfig
-
         return UpkeepConfig(
             interval_seconds=self.maintenance_interval,
             orphan_interval_seconds=self.orphan_sweep_interval,

@@ -174,8 +174,8 @@ class GuardedHttpToolsProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._discard_left = -1  # >= 0 while lingering after a refusal
         # The ASGI scope's extension that lets the app cut this connection (a stalled
-        # SSE reader: http/codecs/sse_response.py; a stalled catch-up: http/middleware/write_budget.py)
-        # and name its tenant (``note_tenant``).
+        # SSE reader: http/codecs/sse_response.py; a stalled catch-up:
+        # http/middleware/write_budget.py) and name its tenant (``note_tenant``).
         self._extensions: dict[str, dict[object, object]] = {
             CONNECTION_EXTENSION: {
                 "abort": self.transport.abort,

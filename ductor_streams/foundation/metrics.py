@@ -227,8 +227,8 @@ LIVE_READS_REFUSED = Counter(
 READ_STALL_CUTS = Counter(
     "ductor_streams_read_stall_cuts_total",
     "Catch-up responses whose connection was cut because the client took no piece of "
-    "the body within DUCTOR_STREAMS_READ_STALL_SECONDS (http/middleware/write_budget.py), by route: "
-    "records, ds, object.",
+    "the body within DUCTOR_STREAMS_READ_STALL_SECONDS (http/middleware/write_budget.py), "
+    "by route: records, ds, object.",
     ["route"],
     registry=REGISTRY,
 )

@@ -17,8 +17,8 @@ from functools import partial
 
 import asyncpg
 
+from ductor_streams.config import LiveSettings
 from ductor_streams.errors import NotFound
-from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.live.read_batch import ReadBatcher
 from ductor_streams.live.stats import LIVE_READS

@@ -27,16 +27,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING
 
 import asyncpg
 
-from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
+from ductor_streams.store.db import CONNECT_TIMEOUT_SECONDS, database_unavailable
+from ductor_streams.store.models import Record
 from ductor_streams.store.wake_format import KIND as RECORDS_KIND
 from ductor_streams.store.wake_format import parse_record_wake
-
-if TYPE_CHECKING:  # store/ imports this module
-    from ductor_streams.store.models import Record
 
 CHANNEL = "workflow_streams"
 log = logging.getLogger(__name__)
@@ -51,7 +48,7 @@ LISTEN_LINGER_SECONDS = 30.0
 StreamWakeCallback = Callable[[int, int | None], None]
 """``callback(stream_pk, latest)``: ``latest`` is the sequence a record wake says is
 committed, or None when the wake says only that something changed."""
-RecordsCallback = Callable[[list["Record"]], None]
+RecordsCallback = Callable[[list[Record]], None]
 """``callback(records)``: consecutive records of the stream, committed."""
 
 
@@ -90,9 +87,6 @@ class NotificationHub:
     async def start(self) -> None:
         """Open the LISTEN connection; when the database cannot be reached now, keep
         trying in the background (followers poll meanwhile) instead of failing."""
-        # Here, not at the top: store/ imports this module (an import cycle otherwise).
-        from ductor_streams.store.db import database_unavailable
-
         try:
             await self._connect()
         except Exception as exc:
@@ -302,7 +296,7 @@ class NotificationHub:
             self._reconnect_task = asyncio.get_running_loop().create_task(self._reconnect())
 
     async def _connect(self) -> None:
-        conn = await asyncpg.connect(self._dsn, timeout=DATABASE_CONNECT_TIMEOUT_SECONDS)
+        conn = await asyncpg.connect(self._dsn, timeout=CONNECT_TIMEOUT_SECONDS)
         listen = not self._on_demand or self._has_watchers()
         try:
             if listen:

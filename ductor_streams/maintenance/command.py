@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 
-from ductor_streams.config import Settings
+from ductor_streams.config import Settings, UpkeepConfig
 from ductor_streams.foundation.logs import configure_logging
 from ductor_streams.foundation.tracing import configure_tracing
-from ductor_streams.maintenance.upkeep import PassReport, UpkeepConfig, run_pass
+from ductor_streams.maintenance.upkeep import PassReport, run_pass
 from ductor_streams.objects.stores import BlobStores
 from ductor_streams.store.db import create_pool
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 import asyncpg
 
+from ductor_streams.config import DEFAULT_IDEMPOTENCY_WINDOW_SECONDS
 from ductor_streams.maintenance.isolation import isolated
 from ductor_streams.schema import QUERIES
 
@@ -27,7 +28,6 @@ STEP_RECORDS = 10_000
 # Receipts removed per statement (no lock is held; this bounds one statement's work).
 STEP_RECEIPTS = 10_000
 # How long a receipt outlives its records unless configured (24 hours).
-DEFAULT_IDEMPOTENCY_WINDOW_SECONDS = 86_400.0
 
 
 @dataclass

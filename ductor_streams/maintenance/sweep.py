@@ -18,12 +18,11 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
+from ductor_streams.config import DEFAULT_ORPHAN_GRACE_SECONDS
 from ductor_streams.maintenance.isolation import isolated
 from ductor_streams.objects.blobstore import parse_key
 from ductor_streams.objects.stores import BlobStores
 from ductor_streams.schema import QUERIES
-
-DEFAULT_ORPHAN_GRACE_SECONDS = 3600.0
 
 
 async def expire_intents(pool: asyncpg.Pool, *, batch: int = 500) -> int:

@@ -17,19 +17,16 @@ from typing import TYPE_CHECKING, Any
 
 import asyncpg
 
-from ductor_streams.config import Settings
+from ductor_streams.config import (
+    DEFAULT_IDEMPOTENCY_WINDOW_SECONDS,
+    DEFAULT_ORPHAN_GRACE_SECONDS,
+    Settings,
+    UpkeepConfig,
+)
 from ductor_streams.foundation import metrics, tracing
 from ductor_streams.maintenance.deletions import DeletionReport, run_deletions
-from ductor_streams.maintenance.retention import (
-    DEFAULT_IDEMPOTENCY_WINDOW_SECONDS,
-    RetentionReport,
-    prune_all,
-)
-from ductor_streams.maintenance.sweep import (
-    DEFAULT_ORPHAN_GRACE_SECONDS,
-    expire_intents,
-    sweep_orphans,
-)
+from ductor_streams.maintenance.retention import RetentionReport, prune_all
+from ductor_streams.maintenance.sweep import expire_intents, sweep_orphans
 from ductor_streams.objects.stores import BlobStores
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.outage import report_unavailable
@@ -42,20 +39,6 @@ log = logging.getLogger(__name__)
 # A pass that found the database unavailable is retried after this many seconds, then
 # twice as long each time it fails again, up to the interval.
 UNAVAILABLE_FIRST_RETRY_SECONDS = 1.0
-
-
-@dataclass(frozen=True)
-class UpkeepConfig:
-    """How often upkeep runs, in seconds (``Settings.upkeep`` builds it from
-    ``DUCTOR_STREAMS_MAINTENANCE_INTERVAL``, ``_ORPHAN_SWEEP_INTERVAL``,
-    ``_ORPHAN_GRACE`` and ``_IDEMPOTENCY_WINDOW_SECONDS``). The orphan sweep runs less
-    often because listing a bucket costs more; the grace is longer than any upload in
-    flight; append receipts outlive their records by the idempotency window."""
-
-    interval_seconds: float = 30.0
-    orphan_interval_seconds: float = 600.0
-    orphan_grace_seconds: float = DEFAULT_ORPHAN_GRACE_SECONDS
-    idempotency_window_seconds: float = DEFAULT_IDEMPOTENCY_WINDOW_SECONDS
 
 
 @dataclass

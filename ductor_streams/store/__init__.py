@@ -12,10 +12,9 @@ import asyncpg
 from ductor_streams.errors import CreditExhausted, QuotaExhausted
 from ductor_streams.foundation import metrics
 from ductor_streams.foundation.definitions import StreamDefinition
-from ductor_streams.live.hub import NotificationHub
 from ductor_streams.store import acks, streams
 from ductor_streams.store.append import Appender
-from ductor_streams.store.credit_wait import append_blocking, never_fits
+from ductor_streams.store.credit_wait import StreamWakes, append_blocking, never_fits
 from ductor_streams.store.encoding import EncodedBatch, encode_batch
 from ductor_streams.store.gone import CallerGone
 from ductor_streams.store.models import (
@@ -67,7 +66,7 @@ class Store:
         self,
         pool: asyncpg.Pool,
         *,
-        hub: NotificationHub | None = None,
+        hub: StreamWakes | None = None,
         poll_interval: float = 0.05,
         tenant_max_streams: int = streams.DEFAULT_TENANT_MAX_STREAMS,
     ) -> None:

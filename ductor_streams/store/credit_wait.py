@@ -28,18 +28,27 @@ import asyncio
 import contextlib
 import time
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TypeVar
+from contextlib import AbstractContextManager
+from typing import Protocol, TypeVar
 
 import asyncpg
 
 from ductor_streams.errors import ClientGone, CreditExhausted
 from ductor_streams.foundation import heap, metrics
-from ductor_streams.live.hub import NotificationHub
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.append import STAGED_STATEMENT_BYTES, Appender
 from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.gone import CallerGone, unless_gone
 from ductor_streams.store.models import AppendResult, StreamRef
+
+
+class StreamWakes(Protocol):
+    """What a wait for credit needs of the process's wakes: an event set on every wake
+    of one stream while the block runs. The LISTEN hub (live/hub.py) is one; the store
+    knows it by this shape only, since live/ is a layer above it."""
+
+    def watch(self, stream_pk: int) -> AbstractContextManager[asyncio.Event]: ...
+
 
 # With a hub, wakes arrive within milliseconds; this only bounds the delay a lost wake
 # can cause. Without a hub it is the polling interval.
@@ -73,7 +82,7 @@ async def worth_sending(
 
 async def append_blocking(
     appender: Appender,
-    hub: NotificationHub | None,
+    hub: StreamWakes | None,
     ref: StreamRef,
     batch: EncodedBatch,
     *,
@@ -100,7 +109,7 @@ async def append_blocking(
 
 async def _append_blocking(
     appender: Appender,
-    hub: NotificationHub | None,
+    hub: StreamWakes | None,
     ref: StreamRef,
     batch: EncodedBatch,
     wait_seconds: float,
@@ -125,7 +134,7 @@ async def _append_blocking(
 async def retry_on_credit(
     attempt: Callable[[], Awaitable[T]],
     *,
-    hub: NotificationHub | None,
+    hub: StreamWakes | None,
     stream_pk: int,
     worth_it: Callable[[], Awaitable[bool]],
     hopeless: bool,
@@ -188,7 +197,7 @@ async def _wait_and_retry(
 
 
 @contextlib.contextmanager
-def _wakes(hub: NotificationHub | None, stream_pk: int) -> Iterator[asyncio.Event]:
+def _wakes(hub: StreamWakes | None, stream_pk: int) -> Iterator[asyncio.Event]:
     if hub is None:
         yield asyncio.Event()  # nobody sets it: the caller re-checks every poll interval
         return

@@ -12,14 +12,14 @@ from typing import Any
 import asyncpg
 
 from ductor_streams.compat.asyncpg_statements import UnnamedStatementConnection
-from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS
 from ductor_streams.errors import DatabaseUnavailable, InvalidInput, StreamsError
 from ductor_streams.store.identity import check_identity
 from ductor_streams.store.warm import warm_connection
 
 # A new connection that takes longer than this counts as the database being unreachable
 # (asyncpg's own default is 60 s: a request would hang that long in a network partition).
-CONNECT_TIMEOUT_SECONDS = DATABASE_CONNECT_TIMEOUT_SECONDS
+# The pool's connections, the hub's LISTEN connection (live/hub.py) and doctor's probes.
+CONNECT_TIMEOUT_SECONDS = 10.0
 
 log = logging.getLogger(__name__)
 

@@ -18,10 +18,8 @@ it, as on any wake that carries no sequence.
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # store/ imports the hub, which imports this module
-    from ductor_streams.store.models import Record
+from ductor_streams.store.models import Record
 
 KIND = "R"
 SEPARATOR = "\x1e"
@@ -52,24 +50,8 @@ def record_wake(stream_pk: int, records: list[Record]) -> str | None:
     return payload
 
 
-def _record_type() -> type[Record]:
-    """store.models.Record, imported on first use (the cycle above), then kept: an
-    import statement per wake was a quarter of the parse (docs/speed.md, "Cheap request
-    observation")."""
-    global _record
-    if _record is None:
-        from ductor_streams.store.models import Record
-
-        _record = Record
-    return _record
-
-
-_record: type[Record] | None = None
-
-
 def parse_record_wake(payload: str) -> tuple[int, int, list[Record]] | None:
     """``(stream_pk, last sequence, records)`` of a record-carrying wake, or None."""
-    record_type = _record or _record_type()
     if not payload.startswith(KIND):
         return None
     parts = payload[1:].split(":", 4)
@@ -85,7 +67,7 @@ def parse_record_wake(payload: str) -> tuple[int, int, list[Record]] | None:
     if len(texts) != last - first + 1:
         return None
     records = [
-        record_type(sequence, text, len(text.encode()), appended_at, None)
+        Record(sequence, text, len(text.encode()), appended_at, None)
         for sequence, text in zip(range(first, last + 1), texts, strict=True)
     ]
     return stream_pk, last, records

@@ -82,7 +82,8 @@ def test_uvicorn_server_shutdown() -> None:
     parameters = inspect.signature(uvicorn.Server.shutdown).parameters
     assert "sockets" in parameters, "uvicorn.Server.shutdown lost its sockets parameter"
     assert "self.servers" in inspect.getsource(uvicorn.Server), (
-        "uvicorn.Server no longer keeps its listeners in self.servers (process/serve.py closes them first)"
+        "uvicorn.Server no longer keeps its listeners in self.servers "
+        "(process/serve.py closes them first)"
     )
 
 
@@ -112,8 +113,8 @@ def test_litestar_streaming_response_and_schema_router() -> None:
 
 
 def test_asyncio_future_blocking_protocol() -> None:
-    # compat/asyncio_tasks.py and http/codecs/sse_response.py drive a coroutine by hand and clear the
-    # mark a yielded future carries, as asyncio.Task does.
+    # compat/asyncio_tasks.py and http/codecs/sse_response.py drive a coroutine by hand and
+    # clear the mark a yielded future carries, as asyncio.Task does.
     loop = asyncio.new_event_loop()
     try:
         future = loop.create_future()
@@ -139,9 +140,10 @@ def test_google_cloud_storage_calls() -> None:
 
 
 def test_asyncpg_statement_preparation_for_transaction_poolers() -> None:
-    # compat/asyncpg_statements.py overrides Connection._get_statement and _drop_local_statement_cache
-    # and keeps statement states that asyncpg marked unprepared (docs/speed.md,
-    # "Described unnamed statements"; docs/deploy.md, "Transaction pooler").
+    # compat/asyncpg_statements.py overrides Connection._get_statement and
+    # _drop_local_statement_cache and keeps statement states that asyncpg marked
+    # unprepared (docs/speed.md, "Described unnamed statements"; docs/deploy.md,
+    # "Transaction pooler").
     import asyncpg
     from asyncpg.protocol.protocol import PreparedStatementState
 
@@ -155,10 +157,12 @@ def test_asyncpg_statement_preparation_for_transaction_poolers() -> None:
         "ignore_custom_codec",
         "record_class",
     ], (
-        f"asyncpg's Connection._get_statement changed: {parameters}; compat/asyncpg_statements.py overrides it"
+        f"asyncpg's Connection._get_statement changed: {parameters}; "
+        "compat/asyncpg_statements.py overrides it"
     )
     assert not _has(asyncpg.Connection, "_drop_local_statement_cache"), (
-        "asyncpg's Connection lost _drop_local_statement_cache, which compat/asyncpg_statements.py overrides"
+        "asyncpg's Connection lost _drop_local_statement_cache, which "
+        "compat/asyncpg_statements.py overrides"
     )
     assert not _has(PreparedStatementState, "name", "prepared", "mark_unprepared")
     source = inspect.getsource(asyncpg.Connection._get_statement)

@@ -12,8 +12,8 @@ from typing import NamedTuple
 import asyncpg
 import pytest
 
+from ductor_streams.config import LiveSettings
 from ductor_streams.live import followers as followers_module
-from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.live.stream_follower import StreamFollower

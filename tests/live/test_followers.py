@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
+from ductor_streams.config import LiveSettings
 from ductor_streams.foundation.definitions import parse_definition
-from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.events import End, LiveBatch
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 import asyncpg
 import pytest
 
-from ductor_streams.live.config import LiveSettings
+from ductor_streams.config import LiveSettings
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub, parse_wake
 from ductor_streams.store import Store, encode_batch

@@ -15,7 +15,7 @@ from collections.abc import AsyncIterator
 import asyncpg
 import pytest
 
-from ductor_streams.live.config import LiveSettings
+from ductor_streams.config import LiveSettings
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub, parse_wake
 from ductor_streams.schema import QUERIES

@@ -198,7 +198,7 @@ async def test_sse_subscribers_gauge_follows_open_subscriptions(server, auth, te
 async def test_a_repaired_live_gap_is_counted_and_shown_to_operators(
     client, auth, tenant, run_id, pool, store, database_url
 ):
-    from ductor_streams.live.config import LiveSettings
+    from ductor_streams.config import LiveSettings
     from ductor_streams.live.events import LiveBatch
     from ductor_streams.live.followers import Followers
     from ductor_streams.live.hub import NotificationHub

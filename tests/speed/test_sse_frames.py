@@ -11,9 +11,9 @@ import httpx
 import msgspec
 import pytest
 
+from ductor_streams.config import LiveSettings
 from ductor_streams.errors import CursorExpired, CursorInFuture, NotFound
 from ductor_streams.http.routes.subscribe import _record_frames
-from ductor_streams.live.config import LiveSettings
 from ductor_streams.live.events import End, LiveBatch
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub

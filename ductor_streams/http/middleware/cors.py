@@ -48,7 +48,8 @@ NATIVE_REQUEST_HEADERS: tuple[str, ...] = (
     "Idempotency-Key",
     "Last-Event-ID",
     "If-None-Match",
-    # A page's own request ID and its trace context (http/middleware/observe.py, foundation/tracing.py).
+    # A page's own request ID and its trace context (http/middleware/observe.py,
+    # foundation/tracing.py).
     "X-Request-ID",
     "traceparent",
     "tracestate",

@@ -19,13 +19,14 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from ductor_streams.config import DATABASE_CONNECT_TIMEOUT_SECONDS, Settings
+from ductor_streams.config import Settings
 from ductor_streams.process.doctor import decisions
 from ductor_streams.process.doctor.decisions import Durability, Sessions, Standby
 from ductor_streams.process.doctor.report import FAIL, OK, STATUSES, WARN
 from ductor_streams.schema import QUERIES
 from ductor_streams.schema.legacy import LegacyChainIncomplete, LegacyState, legacy_state
 from ductor_streams.schema.migrate import applied_rows, applied_versions, available_migrations
+from ductor_streams.store.db import CONNECT_TIMEOUT_SECONDS
 
 # How long one client connection may wait for another's open transaction before that
 # counts as the two sharing one server connection.
@@ -54,9 +55,7 @@ class Context:
 
 async def connect(dsn: str) -> asyncpg.Connection:
     """A connection without named prepared statements (the module docstring)."""
-    return await asyncpg.connect(
-        dsn, statement_cache_size=0, timeout=DATABASE_CONNECT_TIMEOUT_SECONDS
-    )
+    return await asyncpg.connect(dsn, statement_cache_size=0, timeout=CONNECT_TIMEOUT_SECONDS)
 
 
 def where(dsn: str) -> str:
