@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from litestar import Litestar, Router
@@ -33,7 +33,7 @@ from ductor_streams.http.routes import subscribe as routes_subscribe
 from ductor_streams.http.routes.openapi import ContractJsonRenderPlugin, SchemaRouter
 from ductor_streams.http.state import runtime_in
 from ductor_streams.names import API_MOUNT
-from ductor_streams.runtime import Runtime, open_runtime
+from ductor_streams.runtime import Runtime, Service, open_runtime
 
 # Each edge module contributes its route handlers here; all of them are guarded.
 API_ROUTES: list[Any] = [
@@ -45,8 +45,6 @@ API_ROUTES: list[Any] = [
     *routes_ops.ROUTES,
     *routes_objects.ROUTES,
 ]
-
-Service = Callable[[Runtime], contextlib.AbstractAsyncContextManager[None]]
 
 
 def create_app(

@@ -11,16 +11,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
 from ductor_streams.config import (
     DEFAULT_IDEMPOTENCY_WINDOW_SECONDS,
     DEFAULT_ORPHAN_GRACE_SECONDS,
-    Settings,
     UpkeepConfig,
 )
 from ductor_streams.foundation import metrics, tracing
@@ -30,9 +29,6 @@ from ductor_streams.maintenance.sweep import expire_intents, sweep_orphans
 from ductor_streams.objects.stores import BlobStores
 from ductor_streams.store.db import database_unavailable
 from ductor_streams.store.outage import report_unavailable
-
-if TYPE_CHECKING:
-    from ductor_streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -118,25 +114,19 @@ async def _run_pass(
     return report
 
 
-def maintenance_worker(
-    settings: Settings,
-) -> Callable[[Runtime], contextlib.AbstractAsyncContextManager[None]]:
-    """A worker factory for ``workers.worker_services``: given the process's runtime,
-    runs a pass every ``interval_seconds`` until stopped."""
-    config = settings.upkeep
-
-    @contextlib.asynccontextmanager
-    async def run(runtime: Runtime) -> AsyncIterator[None]:
-        stores = runtime.objects.stores
-        task = asyncio.get_running_loop().create_task(_loop(runtime.pool, stores, config))
-        try:
-            yield
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    return run
+@contextlib.asynccontextmanager
+async def running_upkeep(
+    pool: asyncpg.Pool, stores: BlobStores, config: UpkeepConfig
+) -> AsyncIterator[None]:
+    """Run a pass every ``config.interval_seconds`` while the block runs (``serve`` and
+    ``workers`` run it as a service: process/services.py)."""
+    task = asyncio.get_running_loop().create_task(_loop(pool, stores, config))
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 async def _loop(pool: asyncpg.Pool, stores: BlobStores, config: UpkeepConfig) -> None:

@@ -28,7 +28,6 @@ from ductor_streams.errors import (
     StreamClosed,
 )
 from ductor_streams.foundation import metrics, tracing
-from ductor_streams.maintenance.deletions import run_deletion
 from ductor_streams.objects.blobstore import (
     BLOCK_BYTES,
     Check,
@@ -38,6 +37,7 @@ from ductor_streams.objects.blobstore import (
     mismatch,
     storage_key,
 )
+from ductor_streams.objects.deletions import run_deletion
 from ductor_streams.objects.models import ObjectIntent, PrepareRequest
 from ductor_streams.objects.stores import BlobStores
 from ductor_streams.schema import QUERIES

@@ -7,22 +7,22 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import asyncpg
 
+from ductor_streams import temporal_connection
 from ductor_streams.config import Settings
 from ductor_streams.delivery.dispatcher import Dispatcher, DispatcherConfig
 from ductor_streams.delivery.outbox import ClaimedDelivery
+from ductor_streams.delivery.temporal import TemporalWaitService
 from ductor_streams.delivery.wait_service import InputEvent
 from ductor_streams.foundation import tracing
+from ductor_streams.runtime import Runtime
 from ductor_streams.schema import QUERIES
 from ductor_streams.store.append import LeasedDeliveries, LeaseTerms
 from ductor_streams.store.db import DRIVER_ERRORS
 from ductor_streams.store.models import StreamRef
-
-if TYPE_CHECKING:
-    from ductor_streams.runtime import Runtime
 
 log = logging.getLogger(__name__)
 
@@ -163,9 +163,6 @@ class AppendLeases:
 async def dispatcher_service(runtime: Runtime) -> AsyncIterator[None]:
     """Run one dispatcher for the settings' tenant while the block runs (the process's
     runtime: ``serve``'s or ``workers``')."""
-    from ductor_streams import temporal_connection
-    from ductor_streams.delivery.temporal import TemporalWaitService
-
     settings: Settings = runtime.settings
     store = runtime.store
     # Connects on first delivery: Temporal being down delays input (rows back off, with
@@ -174,6 +171,7 @@ async def dispatcher_service(runtime: Runtime) -> AsyncIterator[None]:
     # span continues the dispatcher's (docs/operators.md, "Tracing").
     extra: dict[str, Any] = {}
     if tracing.ENABLED:
+        # Deferred: Temporal's OpenTelemetry contrib is loaded only when tracing is on.
         from ductor_streams.foundation.temporal_tracing import interceptors
 
         extra["interceptors"] = interceptors()

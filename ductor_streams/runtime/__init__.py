@@ -13,7 +13,7 @@ with the ``StreamsPlugin`` one for the activities' life (``StreamsActivities.lif
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -41,6 +41,12 @@ class Runtime:
     objects: ObjectService
     # The tenants' catch-up read slots of this process (runtime/tenant_reads.py).
     reads: TenantReads
+
+
+# A service of a process (upkeep, the input dispatcher, the GC tuning): an async context
+# manager factory given the open ``Runtime``; services start after it opens and stop
+# before it closes, in reverse order (process/services.py, http/app.py).
+Service = Callable[[Runtime], contextlib.AbstractAsyncContextManager[None]]
 
 
 @contextlib.asynccontextmanager

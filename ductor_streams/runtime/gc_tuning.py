@@ -35,12 +35,10 @@ import gc
 import logging
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ductor_streams.foundation import metrics
-
-if TYPE_CHECKING:
-    from ductor_streams.runtime import Runtime
+from ductor_streams.runtime import Runtime
 
 _log = logging.getLogger(__name__)
 
