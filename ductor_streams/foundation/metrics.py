@@ -4,9 +4,10 @@ The metric objects live here so that every part (append path, dispatcher, SSE,
 maintenance) increments the same ones; none of them carries a run, stream or payload
 label, so cardinality stays fixed and nothing of a tenant's data leaks.
 
-Two figures are not counted in memory but read from Postgres when scraped, because
-every replica would otherwise see only its own share: deliveries by state and the age
-of the oldest delivery still owed (``refresh_from_database``).
+Metric objects only. Two figures are not counted in memory but read from Postgres when
+scraped, because every replica would otherwise see only its own share: deliveries by
+state and the age of the oldest delivery still owed (``ops/gauges.py`` sets them); the
+connection pools are read at scrape by store/pool_metrics.py.
 
 Call sites, by metric:
 - ``APPENDS``/``APPENDED_RECORDS``/``APPENDED_BYTES`` (``count_append``): the store's
@@ -39,7 +40,7 @@ Call sites, by metric:
 - ``DELIVERY_CLAIM_SECONDS``, ``DELIVERY_SIGNAL_SECONDS``: the dispatcher.
 - ``DELIVERY_APPEND_LEASED``: the dispatcher, per delivery an append leased to it
   (``Dispatcher.adopt``; docs/temporal.md, "Leases taken by the append").
-- ``ductor_streams_db_pool_*``: every pool given to ``track_pool``, read at scrape.
+- ``ductor_streams_db_pool_*``: every pool given to ``store.pool_metrics.track_pool``.
 - ``GC_PAUSE_SECONDS``: a garbage-collector callback that runtime/gc_tuning.py installs;
   ``ductor_streams_gc_frozen_objects``: read at scrape.
 """
@@ -49,7 +50,6 @@ from __future__ import annotations
 import gc
 from bisect import bisect_left
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
@@ -64,9 +64,6 @@ from prometheus_client import (
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
-
-if TYPE_CHECKING:
-    import asyncpg
 
 __all__ = [
     "APPENDED_BYTES",
@@ -97,9 +94,7 @@ __all__ = [
     "count_append",
     "observe_request",
     "observe_statement",
-    "refresh_from_database",
     "render",
-    "track_pool",
 ]
 
 # A registry of our own: only these metrics (plus the process's CPU/memory), whatever
@@ -535,66 +530,6 @@ def observe_statement(requests: int, seconds: float) -> None:
     """One append statement of ``requests`` requests that took ``seconds``."""
     _STATEMENT_SECONDS.observe(seconds)
     _GROUP_REQUESTS.observe(requests)
-
-
-class _PoolCollector(Collector):
-    """The connection pools of this process, read when scraped: connections in use,
-    idle and the ceiling, and the tasks waiting for one."""
-
-    def __init__(self) -> None:
-        self.pools: dict[str, Any] = {}
-
-    def collect(self) -> Iterator[GaugeMetricFamily]:
-        connections = GaugeMetricFamily(
-            "ductor_streams_db_pool_connections",
-            "Postgres connections of a pool by state (in_use, idle, max).",
-            labels=["pool", "state"],
-        )
-        waiting = GaugeMetricFamily(
-            "ductor_streams_db_pool_waiting",
-            "Tasks waiting for a connection of a pool (none free, at its ceiling).",
-            labels=["pool"],
-        )
-        for name, pool in list(self.pools.items()):
-            size, idle = pool.get_size(), pool.get_idle_size()
-            connections.add_metric([name, "in_use"], size - idle)
-            connections.add_metric([name, "idle"], idle)
-            connections.add_metric([name, "max"], pool.get_max_size())
-            waiting.add_metric([name], _waiters(pool))
-        yield connections
-        yield waiting
-
-
-def _waiters(pool: Any) -> int:
-    # asyncpg has no public count of waiting acquires: its free connections are an
-    # asyncio.Queue, whose getters are the waiting acquires. Read only, at scrape time.
-    queue = getattr(pool, "_queue", None)
-    getters = getattr(queue, "_getters", ())
-    return sum(1 for getter in getters if not getter.done())
-
-
-_POOLS = _PoolCollector()
-REGISTRY.register(_POOLS)
-
-
-def track_pool(name: str, pool: asyncpg.Pool) -> None:
-    """Report ``pool`` as ``pool="name"`` from now on (replacing one of that name)."""
-    _POOLS.pools[name] = pool
-
-
-def untrack_pool(name: str, pool: asyncpg.Pool) -> None:
-    if _POOLS.pools.get(name) is pool:
-        del _POOLS.pools[name]
-
-
-async def refresh_from_database(pool: asyncpg.Pool) -> None:
-    """Set the gauges that Postgres knows (all tenants) just before a scrape."""
-    from ductor_streams.ops import Visibility, count_by_state
-
-    counts, oldest = await count_by_state(pool, Visibility.everything())
-    for state, value in counts.items():
-        DELIVERIES.labels(state=state).set(value)
-    DELIVERY_OLDEST_OWED.set(oldest or 0.0)
 
 
 def render() -> bytes:

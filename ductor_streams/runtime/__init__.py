@@ -19,7 +19,6 @@ from dataclasses import dataclass
 import asyncpg
 
 from ductor_streams.config import Settings
-from ductor_streams.foundation import metrics
 from ductor_streams.live.followers import Followers
 from ductor_streams.live.hub import NotificationHub
 from ductor_streams.objects import BlobStores
@@ -27,6 +26,7 @@ from ductor_streams.objects.intents import ObjectService
 from ductor_streams.runtime.tenant_reads import TenantReads
 from ductor_streams.store import Store
 from ductor_streams.store.db import create_pool
+from ductor_streams.store.pool_metrics import track_pool, untrack_pool
 
 
 @dataclass(frozen=True)
@@ -74,7 +74,7 @@ async def open_runtime(
         warm=True,
         pooler=settings.database_pooler,
     )
-    metrics.track_pool(name, pool)
+    track_pool(name, pool)
     hub = NotificationHub(listen_dsn, listen_on_demand=listen_on_demand)
     followers: Followers | None = None
     try:
@@ -96,6 +96,6 @@ async def open_runtime(
     finally:
         if followers is not None:
             await followers.close()
-        metrics.untrack_pool(name, pool)
+        untrack_pool(name, pool)
         await hub.close()
         await pool.close()

@@ -13,6 +13,7 @@ from litestar import Request, Response, get
 
 from ductor_streams.foundation import metrics
 from ductor_streams.http.state import runtime_of
+from ductor_streams.ops.gauges import refresh_from_database
 from ductor_streams.store.db import DRIVER_ERRORS
 from ductor_streams.store.identity import check_identity
 
@@ -27,7 +28,7 @@ async def prometheus_metrics(request: Request[Any, Any, Any]) -> Response[bytes]
         # The database's identity too: a pooler may keep the pool's connections
         # through a failover, so new connections alone would not show it.
         await check_identity(pool)
-        await metrics.refresh_from_database(pool)
+        await refresh_from_database(pool)
     except (*DRIVER_ERRORS, TimeoutError) as exc:
         # The process's own counters are still worth a scrape; the gauges keep their
         # last values.
