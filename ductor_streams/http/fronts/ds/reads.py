@@ -22,8 +22,8 @@ from ductor_streams.http.access import egress_check, redaction_for, resolve_stre
 from ductor_streams.http.codecs.etags import catch_up_etag
 from ductor_streams.http.codecs.record_pages import check_dense
 from ductor_streams.http.fronts.ds import media
-from ductor_streams.http.fronts.ds.front import NO_STORE, Reply, Request
 from ductor_streams.http.fronts.ds.offsets import NOW, format_offset, parse_offset, response_cursor
+from ductor_streams.http.fronts.ds.protocol import NO_STORE, Reply, Request
 from ductor_streams.http.middleware.disconnect import until_disconnect
 from ductor_streams.live.events import End, Expired, Gone, Interrupted, LiveBatch
 from ductor_streams.store import StreamRef, ds

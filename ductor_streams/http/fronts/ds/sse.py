@@ -29,8 +29,8 @@ from ductor_streams.foundation import metrics
 from ductor_streams.http.access import egress_check, redaction_for
 from ductor_streams.http.codecs.sse_response import StallGuard, connection_abort, pieces
 from ductor_streams.http.fronts.ds import media
-from ductor_streams.http.fronts.ds.front import Request, Send, response_start
 from ductor_streams.http.fronts.ds.offsets import NOW, format_offset, parse_offset, response_cursor
+from ductor_streams.http.fronts.ds.protocol import Request, Send, response_start
 from ductor_streams.http.fronts.ds.reads import readable_stream
 from ductor_streams.http.middleware.disconnect import until_disconnect
 from ductor_streams.live.events import End, LiveBatch

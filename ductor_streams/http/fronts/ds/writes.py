@@ -33,8 +33,8 @@ from ductor_streams.foundation import metrics
 from ductor_streams.foundation.definitions import STREAM_ID_RE, parse_definition
 from ductor_streams.http.access import resolve_stream
 from ductor_streams.http.fronts.ds import media
-from ductor_streams.http.fronts.ds.front import Refusal, Reply, Request, not_found, require_admin
 from ductor_streams.http.fronts.ds.offsets import format_offset
+from ductor_streams.http.fronts.ds.protocol import Refusal, Reply, Request, not_found, require_admin
 from ductor_streams.http.fronts.records import read_body
 from ductor_streams.http.middleware.disconnect import caller_gone
 from ductor_streams.http.middleware.host import absolute_url
