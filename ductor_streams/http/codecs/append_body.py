@@ -45,6 +45,7 @@ from typing import Any
 import msgspec
 
 from ductor_streams.errors import InvalidBody, TooManyJsonValues
+from ductor_streams.http.codecs.append_worker import Body, encode_in_worker
 from ductor_streams.http.codecs.json_bodies import decode_json
 from ductor_streams.store.encoding import EncodedBatch, encode_batch
 
@@ -56,10 +57,6 @@ INLINE_SCANNED_VALUES = 50_000
 
 # JSON's insignificant whitespace (RFC 8259), as msgspec skips it.
 _WHITESPACE = re.compile(rb"[ \t\n\r]*")
-
-# A request body as read: bytes, or a view of the memory map a large one was read into
-# (``records_front._read_body``).
-Body = bytes | memoryview
 
 
 class AppendRecord(msgspec.Struct, forbid_unknown_fields=True):
@@ -86,8 +83,6 @@ async def decode_append_body(raw: Body, idempotency_key: str | None) -> EncodedB
     if len(raw) <= INLINE_SCANNED_BYTES and values <= INLINE_SCANNED_VALUES:
         return encode_append(bytes(raw), idempotency_key)
     # Imported here: the worker module imports this one (it runs ``encode_append``).
-    from ductor_streams.http.codecs.append_worker import encode_in_worker
-
     return await encode_in_worker(raw, idempotency_key)
 
 

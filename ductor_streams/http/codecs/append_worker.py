@@ -2,7 +2,7 @@
 
 msgspec holds the GIL for the whole of a decode or encode call, so a thread cannot keep
 a large body's work off the event loop; a process can. ``encode_in_worker`` sends the
-body to one of at most ``WORKERS`` children (``main`` below in a new interpreter,
+body to one of at most ``WORKERS`` children (append_child.py in a new interpreter,
 started on first use, one set per event loop) and waits for the answer without
 blocking. The children run ``append_body.encode_append``, the very function small
 bodies run inline (or, for a Durable Streams JSON body, ``http/fronts/ds/media.json_batch``),
@@ -26,7 +26,7 @@ import os
 import struct
 import sys
 import weakref
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any
 
 import msgspec
 
@@ -41,8 +41,9 @@ from ductor_streams.errors import (
 )
 from ductor_streams.store.encoding import EncodedBatch
 
-if TYPE_CHECKING:
-    from ductor_streams.http.codecs.append_body import Body
+# A request body as read: bytes, or a view of the memory map a large one was read into
+# (``http/fronts/records.py``, ``read_body``).
+Body = bytes | memoryview
 
 # Leave a core to the event loop; the children also run at a lower priority (niceness
 # 10): the server's event loop and Postgres come first when the cores are busy.
@@ -52,11 +53,11 @@ _NICENESS = 10
 _YIELD_BYTES = 4 * 1024 * 1024
 _PIPE_LIMIT = 1024 * 1024
 _PIPE_SLICE = 1024 * 1024
-_REQUEST = struct.Struct(">QiB")
+REQUEST_FRAME = struct.Struct(">QiB")
 # What a child makes of a body: a native append body, or a DS JSON body (an append's,
 # or a create's, where [] is allowed).
 KINDS = ("native", "ds-append", "ds-create")
-_LENGTH = struct.Struct(">Q")
+LENGTH_FRAME = struct.Struct(">Q")
 # The errors ``encode_append`` raises, by code; any other answer is an internal error.
 _ERRORS: dict[str, type[StreamsError]] = {
     cls.code: cls
@@ -105,7 +106,7 @@ class _Child:
             # Lower priority first: the imports alone take a second of CPU.
             "-c",
             f"import os; os.nice({_NICENESS}); "
-            "from ductor_streams.http.codecs.append_worker import main; main()",
+            "from ductor_streams.http.codecs.append_child import main; main()",
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
             limit=_PIPE_LIMIT,
@@ -122,16 +123,16 @@ class _Child:
         stdin, stdout = self.process.stdin, self.process.stdout
         assert stdin is not None and stdout is not None
         key = b"" if idempotency_key is None else idempotency_key.encode()
-        stdin.write(_REQUEST.pack(len(raw), -1 if idempotency_key is None else len(key), kind))
+        stdin.write(REQUEST_FRAME.pack(len(raw), -1 if idempotency_key is None else len(key), kind))
         stdin.write(key)
         body = memoryview(raw)
         for start in range(0, len(raw), _PIPE_SLICE):
             stdin.write(body[start : start + _PIPE_SLICE])
             await stdin.drain()
         await stdin.drain()
-        (meta_length,) = _LENGTH.unpack(await stdout.readexactly(_LENGTH.size))
+        (meta_length,) = LENGTH_FRAME.unpack(await stdout.readexactly(LENGTH_FRAME.size))
         meta: dict[str, Any] = msgspec.msgpack.decode(await stdout.readexactly(meta_length))
-        (texts_length,) = _LENGTH.unpack(await stdout.readexactly(_LENGTH.size))
+        (texts_length,) = LENGTH_FRAME.unpack(await stdout.readexactly(LENGTH_FRAME.size))
         texts: list[bytes] = []
         while texts_length > 0:
             chunk = await stdout.read(min(_PIPE_SLICE, texts_length))
@@ -220,46 +221,3 @@ async def _batch_from(meta: dict[str, Any], texts: list[bytes]) -> EncodedBatch:
             since_yield = 0
             await asyncio.sleep(0)
     return EncodedBatch(payloads, meta["sizes"], [None] * len(payloads), meta["key"], meta["hash"])
-
-
-def _answer(raw: bytes, idempotency_key: str | None, kind: int = 0) -> bytes:
-    """The child's answer to one request: the frames after the request's."""
-    from ductor_streams.http.codecs.append_body import encode_append
-    from ductor_streams.http.fronts.ds.media import json_batch
-
-    texts = b""
-    try:
-        if KINDS[kind] == "native":
-            batch = encode_append(raw, idempotency_key)
-        else:
-            batch = json_batch(raw, create=KINDS[kind] == "ds-create")
-    except StreamsError as exc:
-        meta: dict[str, Any] = {"error": exc.code, "detail": exc.detail}
-    except Exception as exc:  # reported, not raised: the child serves the next request
-        meta = {"error": "internal_error", "detail": type(exc).__name__}
-    else:
-        meta = {"hash": batch.request_hash, "key": batch.idempotency_key, "sizes": batch.sizes}
-        texts = "".join(batch.payloads).encode()
-    packed = msgspec.msgpack.encode(meta)
-    return _LENGTH.pack(len(packed)) + packed + _LENGTH.pack(len(texts)) + texts
-
-
-def _read_exactly(stream: BinaryIO, size: int) -> bytes | None:
-    data = stream.read(size)
-    if len(data) < size:
-        return None  # the server closed the pipe: stop
-    return data
-
-
-def main() -> None:
-    """The child: answer requests from stdin on stdout until stdin closes."""
-    requests, answers = sys.stdin.buffer, sys.stdout.buffer
-    sys.stdout = sys.stderr  # nothing but frames on the answer pipe
-    while (header := _read_exactly(requests, _REQUEST.size)) is not None:
-        body_length, key_length, kind = _REQUEST.unpack(header)
-        key = b"" if key_length <= 0 else _read_exactly(requests, key_length)
-        raw = _read_exactly(requests, body_length) if body_length else b""
-        if key is None or raw is None:
-            return
-        answers.write(_answer(raw, None if key_length < 0 else key.decode(), kind))
-        answers.flush()

@@ -35,6 +35,7 @@ from ductor_streams.http.codecs.append_body import (
     MAX_JSON_VALUES,
     SCAN_SLICE,
 )
+from ductor_streams.http.codecs.append_worker import encode_in_worker
 from ductor_streams.store.encoding import (
     MAX_BATCH_RECORDS,
     EncodedBatch,
@@ -159,8 +160,6 @@ async def _json_body(body: bytes, *, create: bool) -> EncodedBatch:
     if len(body) <= INLINE_SCANNED_BYTES and values <= INLINE_SCANNED_VALUES:
         return json_batch(body, create=create)
     # Imported here: the worker module imports this one (its children run json_batch).
-    from ductor_streams.http.codecs.append_worker import encode_in_worker
-
     return await encode_in_worker(body, None, "ds-create" if create else "ds-append")
 
 
