@@ -4,87 +4,31 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import random
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 import httpx
 
 from ductor_streams.client.errors import ApiError, CreditExhaustedError, error_from
+from ductor_streams.client.models import AppendResult, Page, Record
+from ductor_streams.client.retry import (
+    FIRST_BACKOFF,
+    MAX_BACKOFF,
+    RETRYABLE_STATUSES,
+    retry_after_of,
+    retry_wait,
+)
+from ductor_streams.client.subscribe import follow
 from ductor_streams.names import API_MOUNT
 
 API = API_MOUNT
 
-# Answers after which the same request may well succeed a moment later: the server (a
-# database restart answers 503 database_unavailable with Retry-After) or a proxy in front
-# of it (502, 504) could not serve it now. Every call is retried on these and on
-# transport errors; an append also on 429 credit_exhausted.
-RETRYABLE_STATUSES = frozenset({502, 503, 504})
-# Retries back off exponentially from FIRST_BACKOFF to MAX_BACKOFF seconds, each wait
-# drawn between half and all of the current step (jitter: clients that failed together
-# do not all come back at the same instant), and never shorter than Retry-After.
-FIRST_BACKOFF = 0.1
-MAX_BACKOFF = 5.0
-# A Retry-After is stretched by up to this fraction, for the same reason.
-RETRY_AFTER_JITTER = 0.2
-
 # Gives a bearer token: called when the client starts, and again when the server says
 # the token has expired (401, or an SSE stream ending with reason token_expired).
 TokenProvider = Callable[[], str | Awaitable[str]]
-
-
-@dataclass(frozen=True, slots=True)
-class Record:
-    """A record as the API returns it (``appended_at`` is ISO 8601 text).
-
-    ``fingerprint`` is opaque: keep it beside the sequence and send it back when resuming
-    after this record (``read(..., fingerprint=)``, ``subscribe(..., fingerprint=)``), and
-    the server says ``HistoryDivergedError`` if the stream no longer has this record (a
-    database failover lost commits). None from a server that does not send one."""
-
-    sequence: int
-    payload: Any
-    size: int
-    appended_at: str
-    object: dict[str, Any] | None
-    fingerprint: str | None = None
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> Record:
-        fingerprint = data.get("fingerprint")
-        return cls(
-            sequence=int(data["sequence"]),
-            payload=data["payload"],
-            size=int(data["size"]),
-            appended_at=str(data["appended_at"]),
-            object=data.get("object"),
-            fingerprint=str(fingerprint) if fingerprint is not None else None,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class Page:
-    """A page of records. ``next_cursor`` and ``next_fingerprint`` are where to resume:
-    the last record's sequence and fingerprint, or the cursor and fingerprint read after
-    when the page is empty."""
-
-    records: list[Record]
-    next_cursor: int
-    earliest_sequence: int
-    latest_sequence: int
-    closed: bool
-    next_fingerprint: str | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class AppendResult:
-    first_sequence: int
-    last_sequence: int
-    replayed: bool
 
 
 class StreamsClient:
@@ -273,8 +217,6 @@ class StreamsClient:
         ``HistoryDivergedError`` when the stream no longer has that record (a database
         failover lost commits), rather than carry on after records it never had.
         """
-        from ductor_streams.client.subscribe import follow
-
         return follow(
             self,
             self.stream_path(run_id, stream_id) + "/subscribe",
@@ -339,7 +281,7 @@ class StreamsClient:
                 )
                 if not retryable:
                     raise error
-                retry_after = _retry_after(response)
+                retry_after = retry_after_of(response)
             wait = retry_wait(backoff, retry_after)
             backoff = min(backoff * 2, MAX_BACKOFF)
             out_of_attempts = self.max_attempts is not None and attempt >= self.max_attempts
@@ -348,26 +290,12 @@ class StreamsClient:
             await asyncio.sleep(wait)
 
 
-def retry_wait(backoff: float, retry_after: float | None) -> float:
-    """Seconds to wait before the next try: between half and all of ``backoff``, and at
-    least the server's ``retry_after`` (stretched by up to RETRY_AFTER_JITTER)."""
-    wait = random.uniform(backoff / 2, backoff)
-    if retry_after is not None:
-        wait = max(wait, retry_after * random.uniform(1.0, 1.0 + RETRY_AFTER_JITTER))
-    return wait
-
-
-def _retry_after(response: httpx.Response) -> float | None:
-    raw = response.headers.get("retry-after", "").strip()
-    return float(raw) if raw.isdigit() else None
-
-
 def _problem(response: httpx.Response) -> ApiError:
     try:
         body = response.json()
     except ValueError:
         body = {"code": "http_error", "detail": response.text[:200]}
-    error = error_from(response.status_code, body, _retry_after(response))
+    error = error_from(response.status_code, body, retry_after_of(response))
     if isinstance(error, CreditExhaustedError):
-        error.retry_after = _retry_after(response) or 1.0
+        error.retry_after = retry_after_of(response) or 1.0
     return error

@@ -6,15 +6,28 @@ import asyncio
 import json
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import httpx
 from httpx_sse import aconnect_sse
 
 from ductor_streams.client.errors import ConnectionLostError, error_from
+from ductor_streams.client.models import Record
+from ductor_streams.client.retry import FIRST_BACKOFF, MAX_BACKOFF, RETRYABLE_STATUSES, retry_wait
 
-if TYPE_CHECKING:
-    from ductor_streams.client.api import Record, StreamsClient
+
+class Session(Protocol):
+    """What a subscription needs of its client (``StreamsClient`` is one): the HTTP
+    client, URLs, the current token's headers and a way to refresh the token."""
+
+    http: httpx.AsyncClient
+
+    @property
+    def auth_headers(self) -> dict[str, str]: ...
+
+    def url(self, path: str) -> str: ...
+
+    async def refresh_token(self) -> bool: ...
 
 
 class _Dropped(Exception):
@@ -22,7 +35,7 @@ class _Dropped(Exception):
 
 
 async def follow(
-    client: StreamsClient,
+    client: Session,
     path: str,
     cursor: int,
     *,
@@ -30,14 +43,6 @@ async def follow(
     reconnect_budget: float,
     idle_timeout: float,
 ) -> AsyncIterator[Record]:
-    from ductor_streams.client.api import (
-        FIRST_BACKOFF,
-        MAX_BACKOFF,
-        RETRYABLE_STATUSES,
-        Record,
-        retry_wait,
-    )
-
     last = cursor
     # The fingerprint of the record at ``last``, sent with it: the server answers
     # history_diverged when the stream no longer has that record.

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from ductor_streams.client import ApiError, StreamsClient
-from ductor_streams.client.api import retry_wait
+from ductor_streams.client.retry import retry_wait
 
 APPENDED = {"first_sequence": 1, "last_sequence": 1}
 UNAVAILABLE = {"code": "database_unavailable", "status": 503, "detail": "restarting"}
