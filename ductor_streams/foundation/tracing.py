@@ -31,14 +31,13 @@ from opentelemetry.context import Context
 from opentelemetry.trace import Link, NoOpTracer, SpanContext, Tracer
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 
+from ductor_streams.config import Settings
 from ductor_streams.foundation.logs import JsonFormatter
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SpanExporter
     from opentelemetry.sdk.trace.sampling import Sampler
-
-    from ductor_streams.config import Settings
 
 __all__ = [
     "ENABLED",

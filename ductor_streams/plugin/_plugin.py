@@ -13,6 +13,7 @@ from temporalio.worker.workflow_sandbox import SandboxedWorkflowRunner
 
 from ductor_streams.activities import StreamsActivities
 from ductor_streams.config import Settings
+from ductor_streams.foundation import tracing
 from ductor_streams.runtime.gc_tuning import tune_garbage_collection
 
 PLUGIN_NAME = "ductor_streams.StreamsPlugin"
@@ -88,13 +89,12 @@ def _tracing_interceptors(settings: Settings) -> list[Any]:
     is configured: through the application's own OpenTelemetry provider if it set one
     up before, else ours from the OTEL_* variables (docs/operators.md). With neither,
     none: nothing of OpenTelemetry runs in the worker's client or workflows."""
-    from ductor_streams.foundation import tracing
-
     tracer = tracing.application_tracer()
     if tracer is None and not tracing.configure_tracing(
         settings, service="ductor-streams-temporal-worker"
     ):
         return []
+    # Deferred: Temporal's OpenTelemetry contrib is loaded only when tracing is on.
     from ductor_streams.foundation.temporal_tracing import interceptors
 
     return interceptors(tracer)

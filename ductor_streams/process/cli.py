@@ -101,6 +101,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(args: argparse.Namespace, settings: Settings) -> int:
+    # Each command imports its module when it runs, not at the top: `token` and
+    # `migrate` start without loading the server, the Temporal SDK or the plugin.
     if args.command == "token":
         if args.ttl <= 0:
             raise ConfigError("--ttl must be a positive number of seconds")

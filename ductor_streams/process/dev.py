@@ -27,6 +27,12 @@ import uvloop
 
 from ductor_streams.auth import SCOPES, issue_token
 from ductor_streams.config import ConfigError, Settings
+from ductor_streams.foundation.logs import configure_logging
+from ductor_streams.http import create_app
+from ductor_streams.plugin import StreamsPlugin
+from ductor_streams.process.services import worker_services
+from ductor_streams.schema.migrate import migrate
+from ductor_streams.temporal_connection import configured_address, connect_config, connector
 
 EXAMPLES_TASK_QUEUE = "ductor-streams-examples"
 
@@ -114,9 +120,7 @@ def temporal_dev_server(data_dir: Path) -> Iterator[tuple[str, str]]:
 async def connect_temporal(settings: Settings, wait_seconds: float = 30.0) -> object:
     """Connect as every client of the project does (``temporal_connection``: address,
     namespace, API key, TLS), retrying while the dev server starts."""
-    from ductor_streams import temporal_connection
-
-    connect = temporal_connection.connector(settings)
+    connect = connector(settings)
     deadline = time.monotonic() + wait_seconds
     while True:
         try:
@@ -125,7 +129,7 @@ async def connect_temporal(settings: Settings, wait_seconds: float = 30.0) -> ob
             if time.monotonic() >= deadline:
                 # The last failure says why (refused, a certificate, an API key).
                 reason = " ".join(str(exc).split())[:300]
-                address = temporal_connection.connect_config(settings)["target_host"]
+                address = connect_config(settings)["target_host"]
                 raise ConfigError(f"Temporal did not answer at {address}: {reason}") from None
             await asyncio.sleep(0.2)
 
@@ -179,8 +183,6 @@ async def example_worker(client: object, settings: Settings) -> AsyncIterator[No
     from temporalio.client import Client
     from temporalio.worker import Worker
 
-    from ductor_streams.plugin import StreamsPlugin
-
     assert isinstance(client, Client)
     repo = Path.cwd()
     if str(repo) not in sys.path:
@@ -204,11 +206,6 @@ async def example_worker(client: object, settings: Settings) -> AsyncIterator[No
 
 async def _serve(settings: Settings, port: int, temporal_ui: str | None) -> None:
     import uvicorn
-
-    from ductor_streams.http import create_app
-    from ductor_streams.process.services import worker_services
-    from ductor_streams.schema.migrate import migrate
-    from ductor_streams.temporal_connection import connect_config
 
     dsn = settings.require_database()
     await migrate(dsn)
@@ -268,9 +265,6 @@ def run_dev(settings: Settings, *, port: int, data_dir: str) -> int:
     defaults: a given database URL or Temporal address (DUCTOR_STREAMS_TEMPORAL_ADDRESS,
     TEMPORAL_ADDRESS or a TEMPORAL_PROFILE; TLS and API key as configured) is used
     instead of starting one."""
-    from ductor_streams.foundation.logs import configure_logging
-    from ductor_streams.temporal_connection import configured_address
-
     configure_logging(level=30)
     root = Path(data_dir).resolve()
     root.mkdir(parents=True, exist_ok=True)

@@ -17,6 +17,7 @@ from ductor_streams.errors import NotFound
 from ductor_streams.foundation import tracing
 from ductor_streams.foundation.definitions import StreamDefinition
 from ductor_streams.schema import QUERIES
+from ductor_streams.store.append import outcome_to_result
 from ductor_streams.store.db import translate_db_errors
 from ductor_streams.store.encoding import EncodedBatch
 from ductor_streams.store.models import Page, StreamKey, StreamRef
@@ -161,8 +162,6 @@ async def create(
 
 
 def _refusal(outcome: DsWriteOutcome) -> Exception:
-    from ductor_streams.store.append import outcome_to_result
-
     same = outcome.as_append
     if same is not None:
         try:

@@ -19,7 +19,10 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
+from ductor_streams import temporal_connection
 from ductor_streams.config import Settings
+from ductor_streams.objects.local import path_from_url
+from ductor_streams.objects.stores import open_store
 from ductor_streams.process.doctor import decisions
 from ductor_streams.process.doctor.decisions import Durability, Sessions, Standby
 from ductor_streams.process.doctor.report import FAIL, OK, STATUSES, WARN
@@ -247,8 +250,6 @@ async def check_temporal(ctx: Context) -> Outcome:
     without ``--no-workers`` deliver input records through it)."""
     from temporalio.api.workflowservice.v1 import DescribeNamespaceRequest
 
-    from ductor_streams import temporal_connection
-
     address = temporal_connection.configured_address(ctx.settings)
     if address is None:
         return WARN, (
@@ -285,9 +286,6 @@ async def check_object_store(ctx: Context) -> Outcome:
 
 
 async def _one_store(region: str, url: str, settings: Settings) -> Outcome:
-    from ductor_streams.objects.local import path_from_url
-    from ductor_streams.objects.stores import open_store
-
     if url.startswith("file://"):
         root = path_from_url(url)
         existing = next((p for p in (root, *root.parents) if p.exists()), Path("/"))
