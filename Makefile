@@ -44,6 +44,7 @@ lint: install
 	$(BIN)/ruff check ductor_streams tests bench examples
 	$(BIN)/ruff format --check ductor_streams tests bench examples
 	$(BIN)/mypy ductor_streams bench
+	$(BIN)/lint-imports --no-cache
 
 # The machine's tools the tests drive (browsers, nginx, podman, node): installed from
 # Debian's packages when missing, or listed and refused (scripts/test-tools).
