@@ -1,5 +1,9 @@
 """Start a coroutine in the caller's turn of the event loop, and finish it as a task.
 
+asyncio has no public way to take over a coroutine that was stepped by hand: a task
+clears the ``_asyncio_future_blocking`` mark of the future the coroutine yielded, and
+``finish_started`` does the same (tests/foundation/test_private_apis.py guards it).
+
 ``loop.create_task`` runs nothing until the loop reaches the new task, behind every
 callback and task already queued. When one turn of the loop has parsed 16 requests,
 uvicorn has queued 16 request tasks; the appender's statement task, created by the
@@ -40,10 +44,14 @@ def start_now(coro: Coroutine[Any, Any, None]) -> asyncio.Future[None]:
         failed: asyncio.Future[None] = loop.create_future()
         failed.set_exception(exc)
         return failed
-    return loop.create_task(_finish(coro, awaited), context=context)
+    return loop.create_task(finish_started(coro, awaited), context=context)
 
 
-async def _finish(coro: Coroutine[Any, Any, None], awaited: Any) -> None:
+async def finish_started(coro: Coroutine[Any, Any, Any], awaited: Any) -> None:
+    """Drive ``coro``, already run by hand up to the point where it yielded ``awaited``,
+    to its end, as the task that runs this does: ``start_now``'s rest, and an SSE
+    write that the fan-out started synchronously (http/codecs/sse_response.py). The one
+    place that uses asyncio's private future protocol (``_asyncio_future_blocking``)."""
     while True:
         cancelled: asyncio.CancelledError | None = None
         try:

@@ -25,6 +25,7 @@ from functools import partial
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from ductor_streams.compat.gcs import abandon_upload
 from ductor_streams.errors import NotFound
 from ductor_streams.objects.blobstore import (
     BLOCK_BYTES,
@@ -108,7 +109,7 @@ class GcsBlobStore:
             if not written:
                 # An unfinished resumable session leaves no object behind.
                 with contextlib.suppress(Exception):
-                    await asyncio.to_thread(_abandon, writer)
+                    await asyncio.to_thread(abandon_upload, writer)
             with contextlib.suppress(Exception):
                 await asyncio.to_thread(_delete_blob, temp)
 
@@ -200,14 +201,6 @@ class GcsBlobStore:
 def _hash_and_write(hasher: EvidenceHasher, writer: Any, block: bytes) -> None:
     hasher.update(block)
     writer.write(block)
-
-
-def _abandon(writer: Any) -> None:
-    # BlobWriter has no abort, and closing it (also when it is garbage collected)
-    # finishes the upload. Closing its buffer first makes close() upload nothing, so an
-    # abandoned resumable session never becomes an object.
-    writer._buffer.close()
-    writer.close()
 
 
 def _delete_blob(blob: Any) -> None:

@@ -12,7 +12,6 @@ before its commit is not stored, and its client retries with its Idempotency-Key
 from __future__ import annotations
 
 import functools
-import socket
 
 import uvicorn
 
@@ -21,34 +20,17 @@ from ductor_streams.compat.uvicorn_protocol import (
     default_max_connections,
     guarded,
 )
+from ductor_streams.compat.uvicorn_server import DrainingServer
 from ductor_streams.config import Settings
 from ductor_streams.foundation.logs import configure_logging
 from ductor_streams.foundation.tracing import configure_tracing
 from ductor_streams.http import create_app
 from ductor_streams.http.access import bearer_tenant
-from ductor_streams.http.app import StreamsApp
 from ductor_streams.process.services import worker_services
 from ductor_streams.runtime.gc_tuning import tuned_after_start
 
 # The part of the shutdown budget left for the lifespan (workers, pool) after requests.
 LIFESPAN_SHARE = 0.3
-
-
-class DrainingServer(uvicorn.Server):
-    """uvicorn's server, which ends the app's SSE responses as it begins to shut down
-    (uvicorn alone would wait for them until its timeout and then cut them)."""
-
-    def __init__(self, config: uvicorn.Config, app: StreamsApp) -> None:
-        super().__init__(config)
-        self._app = app
-
-    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
-        # Listeners first, so that a client reconnecting after its SSE response ended
-        # finds another replica rather than this one.
-        for server in self.servers:
-            server.close()
-        self._app.begin_shutdown()
-        await super().shutdown(sockets)
 
 
 def serve(settings: Settings, *, workers: bool) -> int:
@@ -87,5 +69,5 @@ def serve(settings: Settings, *, workers: bool) -> int:
         lifespan="on",
         timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds * (1 - LIFESPAN_SHARE)),
     )
-    DrainingServer(config, app).run()
+    DrainingServer(config, on_shutdown=app.begin_shutdown).run()
     return 0

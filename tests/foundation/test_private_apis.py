@@ -1,7 +1,9 @@
-"""The parts of uvicorn, Litestar, asyncio and google-cloud-storage this code leans on
-that are not their public API (docs/speed.md lists why each is used). pyproject.toml
-bounds those packages from above; when a new release moves one of these, this test says
-which one and where it is used, instead of a server that fails at its first request."""
+"""The parts of uvicorn, Litestar, asyncio, asyncpg and google-cloud-storage this code
+leans on that are not their public API (docs/speed.md lists why each is used). All but
+google-cloud-storage's are used in ductor_streams/compat/ alone, one module a library
+(test_private_parts_are_used_in_compat_only checks that). pyproject.toml bounds those
+packages from above; when a new release moves one of these, this test says which one
+and where it is used, instead of a server that fails at its first request."""
 
 from __future__ import annotations
 
@@ -76,25 +78,27 @@ def test_uvicorn_response_cycle_for_chunk_writes() -> None:
 
 
 def test_uvicorn_server_shutdown() -> None:
-    # process/serve.py's DrainingServer overrides shutdown(sockets) and closes self.servers.
+    # compat/uvicorn_server.py's DrainingServer overrides shutdown(sockets) and closes
+    # self.servers.
     import uvicorn
 
     parameters = inspect.signature(uvicorn.Server.shutdown).parameters
     assert "sockets" in parameters, "uvicorn.Server.shutdown lost its sockets parameter"
     assert "self.servers" in inspect.getsource(uvicorn.Server), (
         "uvicorn.Server no longer keeps its listeners in self.servers "
-        "(process/serve.py closes them first)"
+        "(compat/uvicorn_server.py closes them first)"
     )
 
 
 def test_litestar_streaming_response_and_schema_router() -> None:
-    # http/codecs/sse_response.py subclasses ASGIStreamingResponse; http/routes/openapi.py replaces
-    # the handler Litestar registers for unknown schema paths, by its name; http/codecs/problems.py
-    # reads the Allow header from the 405 exception Litestar's router raises.
+    # compat/litestar.py: BodyHookedStreamingResponse overrides ASGIStreamingResponse._stream
+    # (the SSE response's base); is_schema_not_found_handler knows the handler Litestar
+    # registers for unknown schema paths by its name; allowed_methods reads the Allow
+    # header from the 405 exception Litestar's router raises.
     from litestar.response.streaming import ASGIStreamingResponse
 
     assert _has(ASGIStreamingResponse, "_stream", "send_body") == [], (
-        "Litestar's ASGIStreamingResponse lost _stream or send_body: http/codecs/sse_response.py "
+        "Litestar's ASGIStreamingResponse lost _stream or send_body: compat/litestar.py "
         "overrides _stream "
         "(docs/speed.md, 'Direct SSE writes')"
     )
@@ -102,25 +106,25 @@ def test_litestar_streaming_response_and_schema_router() -> None:
 
     assert "handle_schema_path_not_found" in inspect.getsource(openapi_plugin), (
         "Litestar no longer names its unknown-schema-path handler "
-        "handle_schema_path_not_found: http/routes/openapi.py SchemaRouter replaces it by that name"
+        "handle_schema_path_not_found: compat/litestar.py knows it by that name"
     )
     import litestar._asgi.routing_trie.traversal as traversal
 
     assert '"allow"' in inspect.getsource(traversal), (
         "Litestar's router no longer puts the allowed methods in the 405 exception's "
-        "'allow' header: http/codecs/problems.py copies it into the Allow header"
+        "'allow' header: compat/litestar.py reads it for the Allow header"
     )
 
 
 def test_asyncio_future_blocking_protocol() -> None:
-    # compat/asyncio_tasks.py and http/codecs/sse_response.py drive a coroutine by hand and
-    # clear the mark a yielded future carries, as asyncio.Task does.
+    # compat/asyncio_tasks.py (finish_started) drives a coroutine stepped by hand and
+    # clears the mark a yielded future carries, as asyncio.Task does.
     loop = asyncio.new_event_loop()
     try:
         future = loop.create_future()
         assert hasattr(future, "_asyncio_future_blocking"), (
-            "asyncio futures lost _asyncio_future_blocking: compat/asyncio_tasks.py and "
-            "http/codecs/sse_response.py rely on it (docs/speed.md, 'Eager statement start')"
+            "asyncio futures lost _asyncio_future_blocking: compat/asyncio_tasks.py relies "
+            "on it (docs/speed.md, 'Eager statement start')"
         )
         future.cancel()
     finally:
@@ -170,3 +174,63 @@ def test_asyncpg_statement_preparation_for_transaction_poolers() -> None:
         "asyncpg no longer marks an unnamed statement unprepared when its cache is off: "
         "compat/asyncpg_statements.py relies on each execution sending its Parse again"
     )
+
+
+def test_google_cloud_storage_blob_writer_buffer() -> None:
+    # compat/gcs.py closes a BlobWriter's buffer to abandon its upload.
+    fileio = pytest.importorskip("google.cloud.storage.fileio")
+    assert "self._buffer" in inspect.getsource(fileio.BlobWriter), (
+        "google-cloud-storage's BlobWriter no longer keeps self._buffer, which "
+        "compat/gcs.py closes to abandon an upload"
+    )
+
+
+def test_asyncpg_pool_queue_of_waiting_acquires() -> None:
+    # compat/asyncpg_pool.py counts the waiting acquires as the getters of the pool's
+    # queue of free connections.
+    import asyncpg
+
+    source = inspect.getsource(asyncpg.pool.Pool)
+    assert "self._queue" in source, (
+        "asyncpg's Pool no longer keeps its free connections in self._queue: "
+        "compat/asyncpg_pool.py reads its waiting getters"
+    )
+    assert hasattr(asyncio.Queue(), "_getters"), (
+        "asyncio.Queue lost _getters, which compat/asyncpg_pool.py counts"
+    )
+
+
+# What gives away another library's private part: its private modules, names that only
+# its internals use, or a subclass of a class whose internals are overridden. Test files
+# and compat/ itself aside, no module may hold them.
+_PRIVATE_MARKS = (
+    r"_asyncio_future_blocking",
+    r"httptools_impl",
+    r"litestar\._",
+    r"_get_statement\b",
+    r"_drop_local_statement_cache",
+    r"handle_schema_path_not_found",
+    r"(?<!self)\._queue\b",
+    r"\._getters\b",
+    r"\(ASGIStreamingResponse\)",
+    r"\(uvicorn\.Server\)",
+    r"\(HttpToolsProtocol\)",
+    r"\._buffer\.close\(",
+)
+
+
+def test_private_parts_are_used_in_compat_only() -> None:
+    import re
+    from pathlib import Path
+
+    import ductor_streams
+
+    root = Path(ductor_streams.__file__).parent
+    found = [
+        f"{path.relative_to(root)}: {mark}"
+        for path in sorted(root.rglob("*.py"))
+        if path.relative_to(root).parts[0] != "compat"
+        for mark in _PRIVATE_MARKS
+        if re.search(mark, path.read_text())
+    ]
+    assert found == [], f"private parts used outside ductor_streams/compat/: {found}"

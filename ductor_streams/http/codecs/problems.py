@@ -10,6 +10,7 @@ import msgspec
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotFoundException
 
+from ductor_streams.compat.litestar import allowed_methods
 from ductor_streams.errors import (
     ClientGone,
     CreditExhausted,
@@ -68,8 +69,7 @@ def _from_http_exception(exc: HTTPException) -> StreamsError:
     if isinstance(exc, NotFoundException) or exc.status_code == 404:
         return NotFound("no such resource")
     if exc.status_code == 405:
-        headers = exc.headers or {}
-        return MethodNotAllowed(allow=headers.get("allow") or headers.get("Allow") or "")
+        return MethodNotAllowed(allow=allowed_methods(exc))
     if exc.status_code == 413:
         return RequestTooLarge()
     if exc.status_code in (400, 422):

@@ -27,10 +27,11 @@ from litestar.datastructures import Cookie
 from litestar.enums import MediaType
 from litestar.response import Stream
 from litestar.response.base import ASGIResponse
-from litestar.response.streaming import ASGIStreamingResponse
 from litestar.types import Send, TypeEncodersMap
 from litestar.utils.helpers import get_enum_string_value
 
+from ductor_streams.compat.asyncio_tasks import finish_started
+from ductor_streams.compat.litestar import BodyHookedStreamingResponse
 from ductor_streams.compat.uvicorn_protocol import CONNECTION_EXTENSION, ChunkWriter, chunk_frame
 from ductor_streams.foundation.metrics import SSE_CHUNK_WRITES
 from ductor_streams.live.events import LiveBatch
@@ -116,7 +117,7 @@ class DirectWriter:
             self._broken = True
             cast(_Write, write).close()
             return False
-        self._inflight = asyncio.ensure_future(_finish(cast(_Write, write), blocked_on))
+        self._inflight = asyncio.ensure_future(finish_started(cast(_Write, write), blocked_on))
         if self._guard is not None:
             self._guard.watch(self._inflight)
         return True
@@ -230,23 +231,7 @@ def pieces(frames: Iterable[bytes], max_bytes: int) -> Iterator[bytes]:
         yield pending[0] if len(pending) == 1 else b"".join(pending)
 
 
-async def _finish(write: _Write, blocked_on: Any) -> None:
-    """Drive a started ``send`` coroutine to its end, as a task would have."""
-    try:
-        while True:
-            if isinstance(blocked_on, asyncio.Future):
-                blocked_on._asyncio_future_blocking = False
-                await asyncio.wait([blocked_on])
-            else:
-                await asyncio.sleep(0)
-            blocked_on = write.send(None)
-    except StopIteration:
-        pass
-    finally:
-        write.close()
-
-
-class _ASGISseResponse(ASGIStreamingResponse):
+class _ASGISseResponse(BodyHookedStreamingResponse):
     __slots__ = ("on_end", "scope", "writer")
 
     def __init__(
@@ -271,13 +256,11 @@ class _ASGISseResponse(ASGIStreamingResponse):
             if self.on_end is not None:
                 self.on_end()
 
-    async def _stream(self, send: Send) -> None:
-        # The head has been sent (Litestar's ASGIResponse sends it before the body).
+    def body_starting(self, send: Send) -> None:
         self.writer.bind(send, connection_chunks(self.scope))
-        try:
-            await super()._stream(send)
-        finally:
-            self.writer.cancel()
+
+    def body_ended(self) -> None:
+        self.writer.cancel()
 
 
 class SseStream(Stream):

@@ -21,6 +21,7 @@ from litestar import Request, Router, get
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.routes import BaseRoute
 
+from ductor_streams.compat.litestar import is_schema_not_found_handler
 from ductor_streams.errors import NotFound
 from ductor_streams.foundation.definitions import (
     CONSUMER_ID_PATTERN,
@@ -865,6 +866,6 @@ class SchemaRouter(Router):
         super().__init__(path, route_handlers=[], include_in_schema=False)
 
     def register(self, value: Any) -> list[BaseRoute]:
-        if getattr(value, "handler_name", None) == "handle_schema_path_not_found":
+        if is_schema_not_found_handler(value):
             value = _unknown_schema_path
         return super().register(value)
