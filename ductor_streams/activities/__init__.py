@@ -26,6 +26,7 @@ __all__ = [
     "domain_errors",
     "error_types",
     "models",
+    "objects",
     "to_application_error",
 ]
 
@@ -37,11 +38,13 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> Any:
+    import importlib
+
+    if name == "objects":  # the large-object helpers for activity code (a module)
+        return importlib.import_module("ductor_streams.activities.objects")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
     value = getattr(importlib.import_module(module), name)
     globals()[name] = value
     return value

@@ -32,6 +32,9 @@ from ductor_streams.store import StreamKey, StreamRef
 _BLOCK = 1024 * 1024
 
 
+__all__ = ["StoredObject", "download_object", "upload_object"]
+
+
 @dataclass(frozen=True)
 class StoredObject:
     """A committed object and the sequence of its record."""

@@ -33,6 +33,19 @@ MODULES = [
     "ductor_streams.schema.migrate",
     "ductor_streams.temporal_connection",
     "ductor_streams.runtime",
+    "ductor_streams",
+    "ductor_streams.__main__",
+    "ductor_streams.foundation.metrics",
+    "ductor_streams.foundation.tracing",
+    "ductor_streams.compat.asyncio_tasks",
+    "ductor_streams.compat.litestar",
+    "ductor_streams.compat.uvicorn_server",
+    "ductor_streams.objects.deletions",
+    "ductor_streams.http.codecs.append_child",
+    "ductor_streams.http.fronts.ds.front",
+    "ductor_streams.process.doctor",
+    "ductor_streams.plugin.activity",
+    "ductor_streams.plugin.streaming",
 ]
 
 
@@ -74,3 +87,25 @@ def test_the_activities_package_still_gives_its_activities() -> None:
         timeout=60,
     )
     assert done.returncode == 0 and done.stdout.strip() == "StreamsActivities", done.stderr
+
+
+def test_the_package_names_what_apps_use_and_loads_it_on_first_use() -> None:
+    probe = (
+        "import sys, ductor_streams\n"
+        "print(len([m for m in sys.modules if m.startswith('ductor_streams.')]))\n"
+        "from ductor_streams import Settings, StreamsClient, StreamsPlugin, issue_token\n"
+        "print(sorted(ductor_streams.__all__))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines() == [
+        "0",
+        "['Settings', 'StreamsClient', 'StreamsPlugin', '__version__', 'issue_token']",
+    ]
+
+
+def test_python_dash_m_runs_the_command() -> None:
+    command = [sys.executable, "-m", "ductor_streams", "--help"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.startswith("usage: ductor-streams ")
