@@ -23,6 +23,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+__all__ = ["ConfigError", "LiveSettings", "Settings", "UpkeepConfig"]
+
 ENV_PREFIX = "DUCTOR_STREAMS_"
 # The standard variables of Temporal's clients (temporalio.envconfig) that the settings
 # carry on to every client the project makes.

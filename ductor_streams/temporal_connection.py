@@ -28,6 +28,8 @@ from temporalio.envconfig import ClientConfigProfile
 
 from ductor_streams.config import ConfigError, Settings
 
+__all__ = ["configured_address", "connect", "connect_config", "connector", "validate"]
+
 DEFAULT_NAMESPACE = "default"
 
 CONFIG_FILE_ENV = "TEMPORAL_CONFIG_FILE"
