@@ -24,7 +24,7 @@ Call sites, by metric:
 - ``GAP_REPAIRS``/``GAP_REPAIRED_RECORDS``: where live delivery records gap evidence.
 - ``PRUNED_RECORDS``, ``OBJECT_DELETIONS``, ``EXPIRED_INTENTS``: maintenance.
 - ``READ_STALL_CUTS``: the write budget of catch-up responses (http/middleware/write_budget.py);
-  ``READS_REFUSED``: the tenants' read slots (http/tenant_reads.py).
+  ``READS_REFUSED``: the tenants' read slots (runtime/tenant_reads.py).
 - ``UPKEEP_ERRORS``: maintenance, once per item of a pass that failed and was stepped
   over (``maintenance/isolation.py``).
 - ``DELIVERY_RETRIES``: operator retries (``ops.retry_delivery``).
@@ -230,7 +230,7 @@ READ_STALL_CUTS = Counter(
 READS_REFUSED = Counter(
     "ductor_streams_reads_refused_total",
     "Catch-up reads refused with 429 too_many_reads: their tenant had "
-    "DUCTOR_STREAMS_TENANT_MAX_READS in progress for the whole wait (http/tenant_reads.py).",
+    "DUCTOR_STREAMS_TENANT_MAX_READS in progress for the whole wait (runtime/tenant_reads.py).",
     registry=REGISTRY,
 )
 UPKEEP_ERRORS = Counter(

@@ -18,7 +18,7 @@ Postgres or the object store one at a time) wrapped in ``BudgetedBody``:
   compat/uvicorn_protocol.py), counted in ``ductor_streams_read_stall_cuts_total``.
 - **End.** However the body ends (sent, cut, client gone, error), the piece source is
   closed and ``on_end`` runs once: the read's tenant slot is given back
-  (http/tenant_reads.py).
+  (runtime/tenant_reads.py).
 
 A body of one piece keeps the fast path: it is sent whole with its Content-Length.
 """
