@@ -1,7 +1,7 @@
 """Background workers that run inside ``serve`` (unless ``--no-workers``) and ``workers``.
 
-Each worker is an async context manager factory taking the process's ``Runtime``
-(ductor_streams/runtime/__init__.py); they start after it is open and stop before it closes.
+Each is a ``runtime.Service``: an async context manager factory given the process's
+``Runtime``; they start after it is open and stop before it closes.
 """
 
 from __future__ import annotations

@@ -2,9 +2,9 @@
 
 ``open_runtime(settings)`` opens, in this order: the connection pool, the LISTEN hub,
 the store over both, the live followers (fed the process's own commits), the object
-service and the tenants' read slots. The workers (maintenance, the input dispatcher;
-``workers.worker_services``) start after it, each given the ``Runtime``, and stop
-before it. On the way out the order is reversed: followers (their tasks stopped), hub,
+service and the tenants' read slots. The services (upkeep, the input dispatcher;
+``process.services.worker_services``) start after it, each given the ``Runtime``, and
+stop before it. On the way out the order is reversed: followers (their tasks stopped), hub,
 pool. ``serve`` opens one in the app's lifespan (http/app.py; handlers reach it through
 http/state.py), ``workers`` one of its own (process/workers.py), and a Temporal worker
 with the ``StreamsPlugin`` one for the activities' life (``StreamsActivities.lifetime``).
