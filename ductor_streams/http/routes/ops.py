@@ -31,7 +31,8 @@ from ductor_streams.ops import filters
 from ductor_streams.store import StreamKey
 from ductor_streams.store.fingerprint import record_fingerprint
 
-STATIC_DIR = Path(__file__).with_name("static")
+# The /ops page's files: http/static/, beside the routes/ folder.
+STATIC_DIR = Path(__file__).parent.parent / "static"
 DELIVERY = "/ops/deliveries/{delivery_id:str}"
 OPS_SCOPE = {"scope": "streams:ops"}
 
