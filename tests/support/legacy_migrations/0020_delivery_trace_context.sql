@@ -3,7 +3,7 @@
 --
 -- input_deliveries.trace_context holds a W3C traceparent ("00-<trace>-<span>-<flags>") of
 -- the appending request's span, when tracing is on and that request was sampled; the
--- dispatcher's signal span continues it (ductor_streams/foundation/tracing.py, docs/operators.md).
+-- dispatcher's signal span continues it (ductor_streams/tracing.py, docs/operators.md).
 -- NULL otherwise: with tracing off the append statements pass no trace array at all,
 -- and the rows are written exactly as before.
 --

@@ -66,7 +66,7 @@ BEGIN
             ELSIF (SELECT count(*) FROM (SELECT 1 FROM workflow_streams.ds_producers
                                           WHERE stream_pk = p_stream_pk LIMIT 10000) known)
                   >= 10000 THEN
-                -- http/fronts/ds/writes.py MAX_PRODUCERS: counted under the stream's row lock,
+                -- http/ds/writes.py MAX_PRODUCERS: counted under the stream's row lock,
                 -- so concurrent new producers cannot pass the cap together.
                 outcome := 'too_many_producers';
             END IF;

@@ -5,7 +5,7 @@
 -- now that wake was the plain r<pk>:<latest>, so every follower in another process
 -- (the server, for records an activity's stream_writer appended in a worker) read
 -- Postgres on it. The wakes the appender sends after a commit (store/wakes.py) carried
--- the records when they were few and small (store/wake_format.py), and followers fanned
+-- the records when they were few and small (live/record_wakes.py), and followers fanned
 -- those out without a read. At 100 streaming activities most statements are alone in
 -- flight, so about half of the records were read back; each read cost the server and
 -- Postgres a round trip and the record its latency (docs/speed.md, "Wakes that carry

@@ -6,7 +6,7 @@
 -- once the wake of that commit had reached it. On an idle stream the claim always
 -- leases exactly the rows the append has just inserted, so the append can take that
 -- lease itself: the dispatcher of the same process then sends the signal as soon as the
--- append's answer is back (process/dispatcher.py, "Leases taken by the append").
+-- append's answer is back (delivery/service.py, "Leases taken by the append").
 --
 -- append_requests_leasing runs append_requests unchanged (the same rows, locks, wake and
 -- outcomes), then leases the deliveries it inserted to p_owner for p_lease_seconds, at
