@@ -89,6 +89,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         group = next((g for g in SERIAL_GROUPS if g in found | marked), None)
         if group and item.get_closest_marker("xdist_group") is None:
             item.add_marker(pytest.mark.xdist_group(group))
+    if hasattr(config, "workerinput"):
+        # The serial groups are the longest chains (image builds, clusters): handed out
+        # first, they run beside the rest instead of after it. (One process keeps the
+        # collection's order.)
+        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
 
 
 # How many tests were collected and how many selected (`make test-fast` prints both).
