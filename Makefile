@@ -51,11 +51,12 @@ test-tools:
 	scripts/test-tools
 
 # The whole suite on every core (pytest-xdist): one worker per core, each with its own
-# copy of one migrated database; the tests of a serial group (tests/conftest.py) share
-# a worker. `make test PYTEST_WORKERS=0` runs it in one process.
+# copy of one migrated database; a file's tests run on one worker, in order (module
+# fixtures such as a private cluster carry state from test to test).
+# `make test PYTEST_WORKERS=0` runs it in one process.
 PYTEST_WORKERS ?= auto
 test: lint test-tools
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The inner loop: the `fast` tier only (tests/support/tiers.py), which starts no process
 # but the tests' Postgres; prints how many of all the tests it ran.

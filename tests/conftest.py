@@ -66,34 +66,35 @@ def drop_template(server_dsn: str) -> None:
         drop_database(server_dsn, name)
 
 
-# Before `-m` deselects by the markers given here.
+_reader = Reader()
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Give every test its tiers (tests/support/tiers.py): what it starts, or ``fast``.
+    Done as each test is collected, before any plugin's pytest_collection_modifyitems
+    reads the markers (`-m`, pytest-xdist's groups)."""
+    found = set(item_tiers(_reader, item))
+    marked = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+    if item.get_closest_marker(FAST) is not None and found | marked:
+        raise pytest.UsageError(
+            f"{item.nodeid} is marked fast but starts processes: {sorted(found | marked)}"
+        )
+    for tier in sorted(found - marked):
+        item.add_marker(tier)
+    if not found | marked and item.get_closest_marker(FAST) is None:
+        item.add_marker(FAST)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Give every test its tiers (tests/support/tiers.py): what it starts, or ``fast``."""
     _counts["collected"] = len(items)
-    reader = Reader()
-    for item in items:
-        found = set(item_tiers(reader, item))
-        marked = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
-        if item.get_closest_marker(FAST) is not None and found | marked:
-            raise pytest.UsageError(
-                f"{item.nodeid} is marked fast but starts processes: {sorted(found | marked)}"
-            )
-        for tier in sorted(found - marked):
-            item.add_marker(tier)
-        if not found | marked and item.get_closest_marker(FAST) is None:
-            item.add_marker(FAST)
-        # With several workers (`--dist loadgroup`), the tests of one group share a
-        # worker: podman builds fixed image tags, and two private clusters at once
-        # would starve each other's failover deadlines on a small machine.
-        group = next((g for g in SERIAL_GROUPS if g in found | marked), None)
-        if group and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(group))
     if hasattr(config, "workerinput"):
-        # The serial groups are the longest chains (image builds, clusters): handed out
-        # first, they run beside the rest instead of after it. (One process keeps the
-        # collection's order.)
-        items.sort(key=lambda item: item.get_closest_marker("xdist_group") is None)
+        # Under pytest-xdist (`--dist loadfile`: a file's tests on one worker, in order,
+        # as its module fixtures need), the files with image builds or private clusters
+        # are the longest chains: handed out first, they run beside the rest instead of
+        # after it. (One process keeps the collection's order.)
+        long = {item.path for item in items if any(item.get_closest_marker(t) for t in LONG)}
+        items.sort(key=lambda item: item.path not in long)
 
 
 # How many tests were collected and how many selected (`make test-fast` prints both).
@@ -123,8 +124,8 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
 
 
-# The tiers whose tests run one after another, on one worker.
-SERIAL_GROUPS = ("image", "cluster")
+# The tiers of the longest tests: podman image builds, private Postgres clusters.
+LONG = ("image", "cluster")
 
 
 def item_tiers(reader: Reader, item: pytest.Item) -> set[str]:
