@@ -10,7 +10,7 @@ UV     := $(TOOLS)/bin/uv
 # The machine's Python, never one uv would download.
 export UV_PYTHON_DOWNLOADS := never
 
-.PHONY: dev test test-tools lint bench install lock image schema
+.PHONY: dev test test-fast test-tools lint bench install lock image schema
 
 # `make dev PORT=8001` when 8000 is taken.
 PORT ?= 8000
@@ -51,8 +51,18 @@ lint: install
 test-tools:
 	scripts/test-tools
 
+# The whole suite on every core (pytest-xdist): one worker per core, each with its own
+# copy of one migrated database; a file's tests run on one worker, in order (module
+# fixtures such as a private cluster carry state from test to test).
+# `make test PYTEST_WORKERS=0` runs it in one process.
+PYTEST_WORKERS ?= auto
 test: lint test-tools
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+
+# The inner loop: the `fast` tier only (tests/support/tiers.py), which starts no process
+# but the tests' Postgres; prints how many of all the tests it ran.
+test-fast: install
+	$(BIN)/python -m pytest -q -m fast -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # After adding a migration: regenerate the current schema (ductor_streams/schema/schema.sql)
 # from a freshly migrated database, and commit it. Uses DUCTOR_STREAMS_TEST_DATABASE_URL's

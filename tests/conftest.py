@@ -23,7 +23,14 @@ from ductor_streams.runtime import Runtime, open_runtime
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store import Store
 from ductor_streams.store.db import create_pool
-from tests.support.postgres import TestDatabase, start_test_database
+from tests.support.postgres import (
+    TEMPLATE_ENV,
+    TestDatabase,
+    drop_database,
+    make_template,
+    start_test_database,
+)
+from tests.support.tiers import FAST, TIERS, Reader, forbid_processes
 
 JWT_SECRET = "test-secret-" + "x" * 32
 API = "/api/workflow-streams"
@@ -43,10 +50,112 @@ def pytest_configure(config: pytest.Config) -> None:
     if (3, 11) <= sys.version_info[:2] and sys.version_info < (3, 11, 8):
         if config.option.tbstyle == "auto":
             config.option.tbstyle = "native"
+    # The controller of several workers (pytest-xdist) migrates one database for all of
+    # them to copy (tests/support/postgres.py); its workers inherit the variable.
+    server_dsn = os.environ.get("DUCTOR_STREAMS_TEST_DATABASE_URL")
+    workers = getattr(config.option, "numprocesses", None)
+    if server_dsn and workers and not hasattr(config, "workerinput"):
+        if not config.option.collectonly and TEMPLATE_ENV not in os.environ:
+            os.environ[TEMPLATE_ENV] = make_template(server_dsn)
+            config.add_cleanup(lambda: drop_template(server_dsn))
+
+
+def drop_template(server_dsn: str) -> None:
+    name = os.environ.pop(TEMPLATE_ENV, None)
+    if name:
+        drop_database(server_dsn, name)
+
+
+_reader = Reader()
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Give every test its tiers (tests/support/tiers.py): what it starts, or ``fast``.
+    Done as each test is collected, before any plugin's pytest_collection_modifyitems
+    reads the markers (`-m`, pytest-xdist's groups)."""
+    found = set(item_tiers(_reader, item))
+    marked = {mark.name for mark in item.iter_markers() if mark.name in TIERS}
+    if item.get_closest_marker(FAST) is not None and found | marked:
+        raise pytest.UsageError(
+            f"{item.nodeid} is marked fast but starts processes: {sorted(found | marked)}"
+        )
+    for tier in sorted(found - marked):
+        item.add_marker(tier)
+    if not found | marked and item.get_closest_marker(FAST) is None:
+        item.add_marker(FAST)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _counts["collected"] = len(items)
+    if hasattr(config, "workerinput"):
+        # Under pytest-xdist (`--dist loadfile`: a file's tests on one worker, in order,
+        # as its module fixtures need), the files with image builds or private clusters
+        # are the longest chains: handed out first, they run beside the rest instead of
+        # after it. (One process keeps the collection's order.)
+        long = {item.path for item in items if any(item.get_closest_marker(t) for t in LONG)}
+        items.sort(key=lambda item: item.path not in long)
+
+
+# How many tests were collected and how many selected (`make test-fast` prints both).
+_counts: dict[str, int] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    _counts["selected"] = len(session.items)
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a worker of pytest-xdist tells its controller
+        workeroutput["tier_counts"] = dict(_counts)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    counts = getattr(node, "workeroutput", {}).get("tier_counts")
+    if counts:
+        _counts.update(counts)
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    if config.option.markexpr and _counts.get("collected"):
+        selected, collected = _counts["selected"], _counts["collected"]
+        terminalreporter.write_line(
+            f"-m {config.option.markexpr!r}: selected {selected} of {collected} tests"
+            f" ({selected / collected:.0%})"
+        )
+
+
+# The tiers of the longest tests: podman image builds, private Postgres clusters.
+LONG = ("image", "cluster")
+
+
+def item_tiers(reader: Reader, item: pytest.Item) -> set[str]:
+    """The tiers read from a test's function and from every fixture it uses."""
+    found: set[str] = set()
+    function = getattr(item, "function", None)
+    if function is not None:
+        found |= reader.tiers(function)
+    info = getattr(item, "_fixtureinfo", None)
+    for definitions in info.name2fixturedefs.values() if info is not None else ():
+        for definition in definitions:
+            found |= reader.tiers(definition.func)
+    return found
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Any:
+    # A fast test that starts a process fails, naming the marker it needs.
+    if item.get_closest_marker(FAST) is None:
+        return (yield)
+    with forbid_processes(item.nodeid):
+        return (yield)
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _exit_status["rc"] = int(exitstatus)
+    # Before pytest_unconfigure's hard exit, which would skip config's cleanups.
+    server_dsn = os.environ.get("DUCTOR_STREAMS_TEST_DATABASE_URL")
+    if server_dsn and not hasattr(session.config, "workerinput"):
+        drop_template(server_dsn)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:

@@ -8,6 +8,7 @@ import time
 import asyncpg
 import pytest
 
+from ductor_streams import metrics
 from ductor_streams.errors import (
     AckInFuture,
     AckRegression,
@@ -16,7 +17,7 @@ from ductor_streams.errors import (
     QuotaExhausted,
     RecordTooLarge,
 )
-from ductor_streams.store import Store, encode_batch
+from ductor_streams.store import Store, credit_wait, encode_batch
 from tests.support.credit import append, make_stream
 
 
@@ -94,7 +95,19 @@ async def test_concurrent_acks_never_move_backwards(pool: asyncpg.Pool) -> None:
     assert {a for _, a in answers} >= {300}
 
 
-async def test_block_policy_append_completes_promptly_on_ack(hub_store: Store) -> None:
+def rechecks(outcome: str) -> float:
+    """Looks at waiting requests' stream rows so far (store/credit_wait.py)."""
+    value = metrics.REGISTRY.get_sample_value(
+        "ductor_streams_credit_rechecks_total", {"outcome": outcome}
+    )
+    return value or 0.0
+
+
+async def test_block_policy_append_completes_promptly_on_ack(
+    hub_store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No lost-wake re-check within the test: only the ack's notification can wake it.
+    monkeypatch.setattr(credit_wait, "LOST_WAKE_RECHECK_SECONDS", 3600.0)
     ref = await make_stream(
         hub_store, max_unread_items=2, on_unread_full="block", block_timeout_ms=20_000
     )
@@ -105,13 +118,12 @@ async def test_block_policy_append_completes_promptly_on_ack(hub_store: Store) -
     assert (await hub_store.state(ref)).latest_sequence == 2
 
     other = Store(hub_store.pool)  # the ack comes from another client
+    sent_before = rechecks("sent")
     await other.ack(ref, "c", 1)
-    acked_at = time.monotonic()
-    result = await asyncio.wait_for(waiting, 5)
-    woken_after = time.monotonic() - acked_at
+    result = await asyncio.wait_for(waiting, 60)
     assert (result.first_sequence, result.last_sequence) == (3, 3)
-    # Woken by the ack's notification, not by the 1 s lost-wake re-check.
-    assert woken_after < 0.5, woken_after
+    # Woken by the ack's notification (the re-check is an hour away): one look, sent.
+    assert rechecks("sent") - sent_before == 1
 
 
 async def test_block_policy_without_ack_refuses_after_the_timeout(hub_store: Store) -> None:
@@ -119,11 +131,14 @@ async def test_block_policy_without_ack_refuses_after_the_timeout(hub_store: Sto
         hub_store, max_unread_items=1, on_unread_full="block", block_timeout_ms=400
     )
     await append(hub_store, ref, ["a"])
+    refused_before = rechecks("still_refused")
     started = time.monotonic()
     with pytest.raises(CreditExhausted) as caught:
         await append(hub_store, ref, ["b"])
-    elapsed = time.monotonic() - started
-    assert 0.4 <= elapsed < 3.0, elapsed
+    # Not before its timeout; then one look at the row (the re-check is 1 s, the
+    # timeout 0.4 s), still refused, and no other.
+    assert time.monotonic() - started >= 0.4
+    assert rechecks("still_refused") - refused_before == 1
     assert caught.value.retry_after >= 1
     assert (await hub_store.state(ref)).latest_sequence == 1
 
@@ -134,10 +149,11 @@ async def test_block_policy_does_not_wait_for_a_batch_that_can_never_fit(
     ref = await make_stream(
         hub_store, max_unread_items=3, on_unread_full="block", block_timeout_ms=20_000
     )
-    started = time.monotonic()
+    looks_before = rechecks("still_refused") + rechecks("sent")
     with pytest.raises(CreditExhausted, match="split it"):
         await append(hub_store, ref, [1, 2, 3, 4])
-    assert time.monotonic() - started < 2.0
+    # Refused at once: it never waited for a wake nor looked at the row again.
+    assert rechecks("still_refused") + rechecks("sent") == looks_before
     assert (await hub_store.state(ref)).latest_sequence == 0
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from pathlib import Path
 
 import httpx
@@ -104,15 +103,15 @@ async def test_waiting_live_reads_hold_no_connection_and_end_at_sigterm(
             ]
             await asyncio.wait_for(ready2.wait(), 30)
             assert server.process is not None
-            started = time.monotonic()
             server.process.send_signal(signal.SIGTERM)
-            answers = await asyncio.wait_for(asyncio.gather(*polls), 10)
+            # In order: the long-polls answered, the SSE responses ended, then the process
+            # exited by itself (a drain that hung would meet the deadlines, or be killed).
+            answers = await asyncio.wait_for(asyncio.gather(*polls), 30)
             assert {a.status_code for a in answers} == {204}
-            ended = await asyncio.wait_for(asyncio.gather(*sses, *sses2), 10)
+            ended = await asyncio.wait_for(asyncio.gather(*sses, *sses2), 30)
             assert all(b"[2]" in frames for frames in ended[:10])
-            assert time.monotonic() - started < 10
-            await asyncio.to_thread(server.process.wait, 10)
-            assert time.monotonic() - started < 10
+            # uvicorn re-raises the SIGTERM once it has shut down: ended by it, not killed.
+            assert await asyncio.to_thread(server.process.wait, 30) in (0, -signal.SIGTERM)
     finally:
         server.stop()
 
@@ -128,11 +127,12 @@ async def test_a_ds_sse_response_ends_when_its_token_expires(
             admin = {**auth(), "Content-Type": "application/json"}
             assert (await http.put(url, headers=admin, content=b"[1]")).status_code == 201
             short = auth(ttl=3)
-            started = time.monotonic()
-            async with http.stream("GET", url + "?offset=-1&live=sse", headers=short) as r:
-                assert r.status_code == 200
-                frames = b"".join([chunk async for chunk in r.aiter_raw()])
-            lasted = time.monotonic() - started
+
+            async def follow() -> bytes:
+                async with http.stream("GET", url + "?offset=-1&live=sse", headers=short) as r:
+                    assert r.status_code == 200
+                    return b"".join([chunk async for chunk in r.aiter_raw()])
+
+            # It ends with the token (3 s), long before the 600 s the setting allows.
+            frames = await asyncio.wait_for(follow(), 60)
     assert b"event: data\ndata:[1]" in frames
-    # It ended with the token (at most 3 s), not after the 600 s the setting allows.
-    assert lasted < 10, lasted

@@ -4,12 +4,14 @@ sooner than Retry-After, with the same Idempotency-Key; other problems are not."
 
 from __future__ import annotations
 
+import asyncio
 import time
+from typing import Any
 
 import httpx
 import pytest
 
-from ductor_streams.client import ApiError, StreamsClient
+from ductor_streams.client import ApiError, StreamsClient, api
 from ductor_streams.client.retry import retry_wait
 
 APPENDED = {"first_sequence": 1, "last_sequence": 1}
@@ -116,24 +118,40 @@ async def test_a_500_is_not_retried() -> None:
     assert len(script.requests) == 1
 
 
-async def test_the_budget_bounds_the_retries() -> None:
+@pytest.fixture
+def slept(monkeypatch: pytest.MonkeyPatch) -> list[float]:
+    """Every wait the client sleeps between attempts (client/api.py), in order."""
+    waits: list[float] = []
+    real = asyncio.sleep
+
+    async def recording(delay: float, *args: Any, **kwargs: Any) -> Any:
+        if delay > 0:
+            waits.append(delay)
+        return await real(delay, *args, **kwargs)
+
+    monkeypatch.setattr(api.asyncio, "sleep", recording)
+    return waits
+
+
+async def test_the_budget_bounds_the_retries(slept: list[float]) -> None:
     script = Script([(503, UNAVAILABLE, {"Retry-After": "1"})])
     async with client_for(script, retry_budget=0.5) as client:
-        started = time.monotonic()
         with pytest.raises(ApiError) as caught:
             await client.append("run", "s", [1])
-    # The next wait (Retry-After: 1) would pass the budget: raised at once.
+    # The next wait (Retry-After: 1) would pass the budget: raised at once, unslept.
     assert caught.value.status == 503 and caught.value.code == "database_unavailable"
-    assert len(script.requests) == 1 and time.monotonic() - started < 0.5
+    assert (len(script.requests), slept) == (1, [])
 
 
-async def test_a_per_call_budget_wins() -> None:
+async def test_a_per_call_budget_wins(slept: list[float]) -> None:
     script = Script([refused()])
     async with client_for(script, retry_budget=60) as client:
-        started = time.monotonic()
         with pytest.raises(httpx.ConnectError):
             await client.read("run", "s", retry_budget=1.0)
-    assert 1 < len(script.requests) and time.monotonic() - started <= 1.0 + 0.5
+    # Retried, one wait before each retry, all of them within the call's 1 s budget
+    # (the client's 60 s would have allowed more).
+    assert 1 < len(script.requests) == len(slept) + 1
+    assert sum(slept) <= 1.0
 
 
 def test_waits_are_jittered_exponential_and_respect_retry_after() -> None:

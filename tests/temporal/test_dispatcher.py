@@ -247,15 +247,14 @@ async def test_unreachable_temporal_is_a_retryable_failure(
     await append_inputs(store, ref, [1, 2])
     wait = TemporalWaitService.connecting(f"127.0.0.1:{free_port()}", "default")
     dispatcher = Dispatcher(pool, wait, tenant=tenant, owner="offline", config=FAST)
-    started = time.monotonic()
-    assert await dispatcher.run_once() == 2
+    # An unreachable Temporal is an error per delivery, not a hang.
+    assert await asyncio.wait_for(dispatcher.run_once(), 60) == 2
     rows = await deliveries(pool, ref)
     assert [(r["state"], r["attempts"], r["lease_owner"]) for r in rows] == [
         ("retrying", 1, None),
         ("pending", 0, None),
     ]
     assert rows[0]["last_error"].startswith("temporal unreachable: ")
-    assert time.monotonic() - started < 15
 
 
 # Long enough that a record waiting for the idle poll or a lapsed lease fails the test.
