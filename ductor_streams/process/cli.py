@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import importlib.metadata
+import os
 import sys
 from collections.abc import Sequence
 
@@ -167,7 +168,14 @@ def _run(args: argparse.Namespace, settings: Settings) -> int:
 
         if not 1 <= args.timeout <= 300:
             raise ConfigError("--timeout must be between 1 and 300 seconds")
-        return run_doctor(settings, json=args.json, strict=args.strict, timeout=args.timeout)
+        code = run_doctor(settings, json=args.json, strict=args.strict, timeout=args.timeout)
+        # The report is written: end here, without the interpreter's finalisation. The
+        # checks leave native threads behind (the Temporal client's runtime, the storage
+        # client's), and finalising around them under load has ended the process with
+        # SIGABRT after a complete report, turning its exit status into a crash.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     if args.command == "outbox":
         from ductor_streams.ops.cli_outbox import run_outbox
 

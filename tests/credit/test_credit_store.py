@@ -8,7 +8,6 @@ import time
 import asyncpg
 import pytest
 
-from ductor_streams import metrics
 from ductor_streams.errors import (
     AckInFuture,
     AckRegression,
@@ -17,6 +16,7 @@ from ductor_streams.errors import (
     QuotaExhausted,
     RecordTooLarge,
 )
+from ductor_streams.foundation import metrics
 from ductor_streams.store import Store, credit_wait, encode_batch
 from tests.support.credit import append, make_stream
 

@@ -112,7 +112,13 @@ class WritableProbe:
             # txid_current() alone also succeeds in a read-only session of a primary (as
             # pg_auto_failover keeps a promoted node for a moment): that takes no writes.
             return bool(await conn.fetchval(_TAKES_WRITES))
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        except (
+            OSError,
+            asyncpg.PostgresError,
+            asyncpg.InterfaceError,
+            # the connection broken under the query (the node going down mid-switchover)
+            asyncpg.InternalClientError,
+        ):
             return False
         finally:
             conn.terminate()

@@ -47,7 +47,8 @@ def test_tuning_freezes_start_up_objects_once_and_makes_full_collections_rarer()
     result = run_python(
         """
         import gc, json
-        from ductor_streams import gc_tuning, metrics
+        from ductor_streams.foundation import metrics
+        from ductor_streams.runtime import gc_tuning
         before = (gc.get_freeze_count(), gc.get_threshold())
         first = gc_tuning.tune_garbage_collection()
         frozen, thresholds = gc.get_freeze_count(), gc.get_threshold()
@@ -76,7 +77,7 @@ def test_an_untuned_process_reports_nothing_frozen_and_no_pauses() -> None:
     result = run_python(
         """
         import gc, json
-        from ductor_streams import metrics
+        from ductor_streams.foundation import metrics
         defaults = gc.get_threshold()
         gc.collect(2)
         print(json.dumps({"metrics": metrics.render().decode(), "defaults": defaults,
