@@ -286,6 +286,16 @@ def repo_root() -> Path:
 
 
 @pytest.fixture(scope="session")
+async def in_process_server(settings: Settings) -> AsyncIterator[Any]:
+    """The app served over real HTTP from this process (tests/support/app_server.py):
+    for what the app answers, not for what the process does."""
+    from tests.support.app_server import app_server
+
+    async with app_server(settings) as served:
+        yield served
+
+
+@pytest.fixture(scope="session")
 def server(settings: Settings, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """A real `ductor-streams serve --no-workers` subprocess shared by the session."""
     from tests.support.server import ServerProcess

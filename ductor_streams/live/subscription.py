@@ -314,8 +314,15 @@ class Subscription:
             waiter.set_result(None)
 
     def _arm_timer(self, loop: asyncio.AbstractEventLoop) -> None:
-        if self._timer is None and self._idle_timeout is not None:
-            self._timer = loop.call_at(self._last_activity + self._idle_timeout, self._on_timer)
+        if self._idle_timeout is None:
+            return
+        deadline = self._last_activity + self._idle_timeout
+        if self._timer is not None:
+            if self._timer.when() <= deadline:
+                return  # it fires first and re-arms itself for the rest
+            # A shorter wait than the one the timer was set for.
+            self._timer.cancel()
+        self._timer = loop.call_at(deadline, self._on_timer)
 
     def _on_timer(self) -> None:
         # Fires at most once per idle interval; while deliveries keep coming, it only

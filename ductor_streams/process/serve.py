@@ -26,6 +26,7 @@ from ductor_streams.foundation.logs import configure_logging
 from ductor_streams.foundation.tracing import configure_tracing
 from ductor_streams.http import create_app
 from ductor_streams.http.access import bearer_tenant
+from ductor_streams.http.app import StreamsApp
 from ductor_streams.process.services import worker_services
 from ductor_streams.runtime.gc_tuning import tuned_after_start
 
@@ -43,11 +44,18 @@ def serve(settings: Settings, *, workers: bool) -> int:
     # The garbage collector is tuned once everything has started (runtime/gc_tuning.py).
     services = [*(worker_services(settings) if workers else []), tuned_after_start]
     app = create_app(settings, services=services)
-    config = uvicorn.Config(
+    DrainingServer(uvicorn_config(settings, app), on_shutdown=app.begin_shutdown).run()
+    return 0
+
+
+def uvicorn_config(settings: Settings, app: StreamsApp, *, loop: str = "uvloop") -> uvicorn.Config:
+    """How ``serve`` runs ``app`` under uvicorn: the connection guard, logging and the
+    shutdown budget. ``loop="none"`` serves on a loop already running (tests)."""
+    return uvicorn.Config(
         app,
         host=settings.host,
         port=settings.port,
-        loop="uvloop",
+        loop=loop,
         http=guarded(
             ConnectionLimits(
                 head_timeout=settings.head_timeout_seconds,
@@ -69,5 +77,3 @@ def serve(settings: Settings, *, workers: bool) -> int:
         lifespan="on",
         timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds * (1 - LIFESPAN_SHARE)),
     )
-    DrainingServer(config, on_shutdown=app.begin_shutdown).run()
-    return 0

@@ -73,3 +73,18 @@ async def test_an_overlapping_batch_offered_to_an_idle_edge_with_a_sink_is_cut_t
     # Not contiguous with 15, so not the direct path: the edge wakes and cuts it.
     assert sequences(await asyncio.wait_for(edge, 5)) == [16, 17, 18]
     assert taken == []
+
+
+async def test_a_shorter_idle_wait_after_a_longer_one_ends_at_its_own_deadline():
+    # A wait's timer is armed for the wait that set it; a later, shorter wait must not
+    # sit out the earlier one's deadline (it did: next(0.1) after next(30.0) took 30 s).
+    sub, store = await primed(3)
+    waiting = asyncio.ensure_future(sub.next(30.0))
+    await asyncio.sleep(0)  # it waits, its timer armed for 30 s
+    assert not waiting.done()
+    store.latest = 4
+    sub.offer(batch(4, 4))
+    assert sequences(await waiting) == [4]
+    # The bound is the 30 s the first wait armed, not a measurement: None comes first.
+    async with asyncio.timeout(15):
+        assert await sub.next(0.1) is None

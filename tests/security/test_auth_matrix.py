@@ -8,9 +8,11 @@ from __future__ import annotations
 import base64
 import json
 import time
+from collections.abc import AsyncIterator
 from typing import Any
 
 import asyncpg
+import httpx
 import jwt
 import pytest
 
@@ -21,6 +23,14 @@ from tests.security.routes import PUBLIC_ROUTES, ApiRoute, Sample, api_routes, s
 from tests.security.world import World, bearer
 
 ROUTES = api_routes()
+
+
+@pytest.fixture
+async def http(in_process_server: Any) -> AsyncIterator[httpx.AsyncClient]:
+    # What the app answers, over real HTTP from this process: the matrix is in the
+    # fast tier (the process's own behaviour is tested against ServerProcess).
+    async with httpx.AsyncClient(base_url=in_process_server.url, timeout=30) as client:
+        yield client
 
 
 def test_route_table_is_not_empty_and_every_route_declares_a_known_scope() -> None:
