@@ -8,8 +8,11 @@ import threading
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 JWT_SECRET = "deploy-test-" + "s" * 24
-# `serve` and `workers` must exit within this long of SIGTERM (their shutdown timeout).
+# `serve` and `workers` shut down within this long of SIGTERM (their shutdown timeout);
+# the tests wait longer than this for the exit, to catch a hang, not to time it.
 SIGTERM_BOUND_SECONDS = 10.0
+# What uvicorn logs when requests outlive the shutdown budget and are cancelled.
+FORCED_SHUTDOWN = "timeout graceful shutdown exceeded"
 
 
 def free_port() -> int:

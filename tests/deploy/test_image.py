@@ -24,6 +24,7 @@ from ductor_streams.auth import SCOPES, issue_token
 from ductor_streams.process.dev import temporal_binary
 from tests.deploy.engine import Engine
 from tests.deploy.helpers import (
+    FORCED_SHUTDOWN,
     JWT_SECRET,
     SIGTERM_BOUND_SECONDS,
     free_port,
@@ -110,7 +111,9 @@ def stop_within_bound(engine: Engine, name: str) -> float:
     logs = engine.run("logs", name, check=False)
     # 143 = 128 + SIGTERM: uvicorn re-raises the signal once `serve` has shut down.
     assert code in (0, 143), f"{name} exited {code}: {logs.stdout[-1500:]}{logs.stderr[-1500:]}"
-    assert took < SIGTERM_BOUND_SECONDS, f"{name} took {took:.1f} s to stop after SIGTERM"
+    # It shut down by draining, not by running out its budget and cancelling what was
+    # left (how long it took is printed; the wait above only catches a hang).
+    assert FORCED_SHUTDOWN not in logs.stdout + logs.stderr, logs.stderr[-1500:]
     return took
 
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import httpx
 import pytest
 
-from tests.deploy.helpers import JWT_SECRET, SIGTERM_BOUND_SECONDS, free_port
+from tests.deploy.helpers import FORCED_SHUTDOWN, JWT_SECRET, SIGTERM_BOUND_SECONDS, free_port
 
 if TYPE_CHECKING:  # imported by name, pytest would try to collect it as a test class
     from tests.support.postgres import TestDatabase
@@ -90,7 +90,9 @@ def sigterm(proc: subprocess.Popen[str]) -> tuple[float, str]:
     took = time.monotonic() - started
     # uvicorn re-raises the SIGTERM once it has shut down, so `serve` ends by the signal.
     assert code in (0, -signal.SIGTERM), err[-2000:]
-    assert took < SIGTERM_BOUND_SECONDS, took
+    # It shut down by draining, not by running out its budget (the wait above only
+    # catches a hang).
+    assert FORCED_SHUTDOWN not in err, err[-2000:]
     return took, err
 
 

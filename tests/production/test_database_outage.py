@@ -415,7 +415,10 @@ async def test_an_outage_answers_503_and_loses_nothing(world: World) -> None:
     assert 500 not in statuses and set(five) <= {503}
     assert five.get(503, 0) > 0  # the outage was met, not missed
     assert not tally.transport_errors  # the servers stayed up and answered everything
-    assert ready_after < 10
+    # Once /readyz said 200 again it stayed 200: readiness came back once, for good
+    # (how soon it came back is printed above; timing belongs to the benches).
+    recovered = min(t for t, s in readyz if t > up_at and s == 200)
+    assert {s for t, s in readyz if t >= recovered} == {200}
     # The client's appends made while Postgres was down succeeded once it was back.
     assert any(down_at < began < up_at < ended for began, ended in client_spans)
     assert set(healthz) == {200}

@@ -24,7 +24,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
-from urllib.parse import unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlsplit
 
 from tests.support.server import free_port
 
@@ -71,7 +71,10 @@ class PgBouncer:
 
     def __init__(self, server_dsn: str, *, mode: str = "transaction", pool_size: int = 20) -> None:
         parts = urlsplit(server_dsn)
-        self.server_host = parts.hostname or "127.0.0.1"
+        # The embedded Postgres is reached on a Unix socket: its DSN names the socket's
+        # folder as ``?host=`` (PgBouncer takes a folder as its host too).
+        socket_dir = dict(parse_qsl(parts.query)).get("host")
+        self.server_host = parts.hostname or socket_dir or "127.0.0.1"
         self.server_port = parts.port or 5432
         self.user = unquote(parts.username or "postgres")
         self.password = unquote(parts.password) if parts.password else None
@@ -83,6 +86,10 @@ class PgBouncer:
         self.log = self.root / "pgbouncer.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.run_as = _run_as()
+        if socket_dir and not parts.hostname and os.geteuid() == 0:
+            # The embedded Postgres's socket folder is its own user's alone (0700):
+            # PgBouncer runs as that user to reach it.
+            self.run_as = pwd.getpwuid(os.stat(socket_dir).st_uid).pw_name
 
     def dsn(self, database: str) -> str:
         """A client DSN for ``database`` through this PgBouncer."""

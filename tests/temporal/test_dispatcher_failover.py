@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import time
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
@@ -96,13 +97,10 @@ async def test_sigkilled_dispatcher_is_taken_over_without_loss_or_repeat(
     print(f"stranded leases at kill: {stranded}")
 
 
-# With the default lease (1.5 s; no DUCTOR_STREAMS_DELIVERY_LEASE_SECONDS): the survivor
-# must hold (or have delivered) every row the killed one held within this long of the
-# kill: one lease and a second for its wake and claim. How soon it then sends them is
-# Temporal's speed on the machine at the time (docs/decisions.md, "Input delivery"),
-# so the test bounds it loosely, to catch a stall.
-KILL_TAKEOVER_SECONDS = 2.5
-KILL_DELIVERED_SECONDS = 10.0
+# How soon the survivor takes over is printed, not asserted (timing on a shared 2-core
+# machine is the benches' job): the tests assert the order of events instead, from the
+# database's own clock. The polls' deadlines only catch a stall.
+TAKEOVER_DEADLINE_SECONDS = 30.0
 # Inputs per run of these two tests: waves of WAVE until the dispatcher to stop holds a
 # lease (claims of 20 signals last long enough that it still holds it at the signal),
 # then the rest after it. Room for up to 13 waves: in a fresh-clone CI run in a very slow
@@ -110,8 +108,6 @@ KILL_DELIVERED_SECONDS = 10.0
 # waves (150 inputs left room for no more), and the test failed before its kill.
 LONG_RUN = 300
 WAVE = 20
-TERM_EXIT_SECONDS = 10.0
-TERM_TAKEOVER_SECONDS = 1.0
 
 
 async def _open_leases(pool: asyncpg.Pool, owner: str, refs: list[StreamRef]) -> list[int]:
@@ -122,6 +118,24 @@ async def _open_leases(pool: asyncpg.Pool, owner: str, refs: list[StreamRef]) ->
         [r.stream_pk for r in refs],
     )
     return [r["delivery_id"] for r in rows]
+
+
+async def _lease_expiries(pool: asyncpg.Pool, delivery_ids: list[int]) -> dict[int, Any]:
+    rows = await pool.fetch(
+        "SELECT delivery_id, lease_expires_at FROM workflow_streams.input_deliveries"
+        " WHERE delivery_id = ANY($1)",
+        delivery_ids,
+    )
+    return {r["delivery_id"]: r["lease_expires_at"] for r in rows}
+
+
+async def _delivered_at(pool: asyncpg.Pool, delivery_ids: list[int]) -> dict[int, Any]:
+    rows = await pool.fetch(
+        "SELECT delivery_id, delivered_at FROM workflow_streams.input_deliveries"
+        " WHERE delivery_id = ANY($1)",
+        delivery_ids,
+    )
+    return {r["delivery_id"]: r["delivered_at"] for r in rows}
 
 
 async def _undelivered(pool: asyncpg.Pool, delivery_ids: list[int]) -> int:
@@ -195,7 +209,7 @@ def _two_dispatchers(
 
 
 @pytest.mark.timeout(180)
-async def test_sigkilled_dispatcher_with_the_default_lease_is_taken_over_within_2_5_s(
+async def test_sigkilled_dispatcher_with_the_default_lease_is_taken_over_after_its_lease(
     wf_client: Client,
     make_worker: WorkerFactory,
     task_queue: str,
@@ -223,12 +237,14 @@ async def test_sigkilled_dispatcher_with_the_default_lease_is_taken_over_within_
             killed_at = time.monotonic()
             doomed.kill()  # SIGKILL while it delivers: no release, no renewal, nothing
             stranded = await _open_leases(pool, "doomed", refs)
+            # Its leases as it left them: nobody renews them any more.
+            expiries = await _lease_expiries(pool, stranded)
             for ref in refs:
                 await append_inputs(store, ref, list(range(appended, LONG_RUN)))
             await eventually(
                 lambda: _not_taken_over(pool, stranded, "steady"),
                 lambda n: n == 0,
-                timeout=30,
+                timeout=TAKEOVER_DEADLINE_SECONDS,
                 interval=0.01,
                 what="every row the killed dispatcher held delivered or leased to the survivor",
             )
@@ -236,7 +252,7 @@ async def test_sigkilled_dispatcher_with_the_default_lease_is_taken_over_within_
             await eventually(
                 lambda: _undelivered(pool, stranded),
                 lambda n: n == 0,
-                timeout=30,
+                timeout=TAKEOVER_DEADLINE_SECONDS,
                 interval=0.01,
                 what="every row the killed dispatcher held delivered",
             )
@@ -252,13 +268,16 @@ async def test_sigkilled_dispatcher_with_the_default_lease_is_taken_over_within_
         f" and delivered {delivered:.2f} s after the kill"
     )
     assert stranded, "the killed dispatcher held no lease at the kill"
-    assert claimed <= KILL_TAKEOVER_SECONDS
-    assert delivered <= KILL_DELIVERED_SECONDS
+    # The survivor waited for each lease to run out: no row it took from the dead one
+    # was delivered while the dead one's lease still held it (the database's clock).
+    delivered_at = await _delivered_at(pool, stranded)
+    early = {d: (delivered_at[d], expiries[d]) for d in stranded if delivered_at[d] < expiries[d]}
+    assert not early, f"delivered before the killed dispatcher's lease ran out: {early}"
     await _all_delivered_once_in_order(pool, refs, results)
 
 
 @pytest.mark.timeout(180)
-async def test_sigtermed_dispatcher_exits_within_10_s_and_the_other_goes_on_within_1_s(
+async def test_sigtermed_dispatcher_gives_back_its_leases_and_the_other_goes_on(
     wf_client: Client,
     make_worker: WorkerFactory,
     task_queue: str,
@@ -284,14 +303,27 @@ async def test_sigtermed_dispatcher_exits_within_10_s_and_the_other_goes_on_with
             await asyncio.gather(leaving.started(), steady.started())
             appended = await _append_until_held(store, pool, refs, "leaving")
             held = await _open_leases(pool, "leaving", refs)
+            expiries = await _lease_expiries(pool, held)
             termed_at = time.monotonic()
             leaving.process.terminate()  # SIGTERM: stop claiming, finish or give back
             # The other goes on: each row the leaving one held is delivered (by either:
             # the signals in flight were finished) or in the other one's hands.
+            first_seen: dict[int, Any] = {}  # row -> when first seen leased to steady
+
+            async def not_taken_over() -> int:
+                rows = await pool.fetch(
+                    "SELECT delivery_id, now() AS seen FROM workflow_streams.input_deliveries"
+                    " WHERE delivery_id = ANY($1) AND lease_owner = 'steady'",
+                    held,
+                )
+                for r in rows:
+                    first_seen.setdefault(r["delivery_id"], r["seen"])
+                return await _not_taken_over(pool, held, "steady")
+
             await eventually(
-                lambda: _not_taken_over(pool, held, "steady"),
+                not_taken_over,
                 lambda n: n == 0,
-                timeout=30,
+                timeout=TAKEOVER_DEADLINE_SECONDS,
                 interval=0.005,
                 what="every row the leaving dispatcher held delivered or taken over",
             )
@@ -299,7 +331,7 @@ async def test_sigtermed_dispatcher_exits_within_10_s_and_the_other_goes_on_with
             await eventually(
                 lambda: _undelivered(pool, held),
                 lambda n: n == 0,
-                timeout=30,
+                timeout=TAKEOVER_DEADLINE_SECONDS,
                 interval=0.005,
                 what="every row the leaving dispatcher held delivered",
             )
@@ -307,11 +339,12 @@ async def test_sigtermed_dispatcher_exits_within_10_s_and_the_other_goes_on_with
             await eventually(
                 leaving.returncode,
                 lambda rc: rc is not None,
-                timeout=30,
+                timeout=TAKEOVER_DEADLINE_SECONDS,
                 interval=0.01,
                 what="the leaving dispatcher's exit",
             )
             exited = time.monotonic() - termed_at
+            left_holding = await _open_leases(pool, "leaving", refs)
             for ref in refs:
                 await append_inputs(store, ref, list(range(appended, LONG_RUN)))
             results = await asyncio.wait_for(
@@ -328,7 +361,13 @@ async def test_sigtermed_dispatcher_exits_within_10_s_and_the_other_goes_on_with
         f" (rc {leaving.process.returncode})"
     )
     assert leaving.process.returncode == 0
-    assert exited <= TERM_EXIT_SECONDS
-    assert taken_over <= TERM_TAKEOVER_SECONDS
+    # It exited holding nothing: every lease it had was finished or given back, none
+    # left to run out (counted after its exit, from the database).
+    assert left_holding == []
+    # Given back, not left to expire: the other one held each row it took over while
+    # the leaving one's lease of it would still have run (a lease is exclusive, so
+    # without the hand-back it could not have). The database's clock on both sides.
+    late = {d: (seen, expiries[d]) for d, seen in first_seen.items() if seen >= expiries[d]}
+    assert not late, f"taken over only once the leaving dispatcher's lease ran out: {late}"
     assert dropped == [0] * RUNS
     await _all_delivered_once_in_order(pool, refs, results)
