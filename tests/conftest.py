@@ -285,10 +285,11 @@ def repo_root() -> Path:
     return Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 async def in_process_server(settings: Settings) -> AsyncIterator[Any]:
     """The app served over real HTTP from this process (tests/support/app_server.py):
-    for what the app answers, not for what the process does."""
+    for what the app answers, not for what the process does. Per module: its lifespan's
+    tasks share the process (metrics, the loop) with the tests that follow."""
     from tests.support.app_server import app_server
 
     async with app_server(settings) as served:
