@@ -11,14 +11,16 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import urlsplit, urlunsplit
 
 import pytest
 
 from ductor_streams.config import Settings
 from ductor_streams.process.doctor import decisions
+from ductor_streams.process.doctor.checks import where
 from ductor_streams.process.doctor.decisions import Durability, Sessions, Standby
 from ductor_streams.process.doctor.report import Check, as_json, as_table, exit_code
+from tests.deploy.helpers import reachable_from_a_container
 from tests.support.pgbouncer import PgBouncer
 from tests.support.postgres import TestDatabase
 from tests.support.server import free_port
@@ -404,6 +406,62 @@ def test_unreachable_services_fail_within_the_timeout() -> None:
             "detail": "not checked: the database cannot be reached",
         }
     assert checks["temporal"]["status"] == "fail"
+
+
+@pytest.mark.parametrize(
+    ("dsn", "shown"),
+    [
+        (
+            "postgresql://u:secret@h1:5433,h2:5434/db?target_session_attrs=read-write",
+            "h1:5433,h2:5434/db",
+        ),
+        ("postgresql://root@127.0.0.1:5432/test", "127.0.0.1:5432/test"),
+        ("postgresql://root@/test?host=/run/postgresql", "localhost:5432/test"),
+        ("postgresql://[::1]:6000/db", "[::1]:6000/db"),
+        ("postgresql://a,b:7/db", "a:5432,b:7/db"),
+    ],
+)
+def test_where_names_every_host_and_no_secret(dsn: str, shown: str) -> None:
+    assert where(dsn) == shown
+
+
+def _multi_host(dsn: str, first_port: int) -> str:
+    """``dsn`` (made TCP) behind a first host where nothing listens, in the form
+    ``pg_autoctl show uri`` prints: ``h1:p1,h2:p2/db?target_session_attrs=read-write``."""
+    parts = urlsplit(reachable_from_a_container(dsn))
+    user = parts.netloc.rpartition("@")[0]
+    hosts = f"127.0.0.1:{first_port},{parts.hostname}:{parts.port or 5432}"
+    query = "&".join(q for q in (parts.query, "target_session_attrs=read-write") if q)
+    return urlunsplit((parts.scheme, f"{user}@{hosts}", parts.path, query, ""))
+
+
+def test_a_multi_host_url_as_pg_autoctl_prints_it(database_url: str, tmp_path: Path) -> None:
+    dead = free_port()
+    multi = _multi_host(database_url, dead)
+    env = {
+        "DUCTOR_STREAMS_DATABASE_URL": multi,
+        "DUCTOR_STREAMS_OBJECT_STORE": json.dumps({"local": (tmp_path / "objects").as_uri()}),
+    }
+    _, checks, _ = doctor(env)
+    for name in ("database", "migrations", "pooler", "listen", "clock", "object_store"):
+        assert checks[name]["status"] == "ok", checks[name]
+    assert f"on {where(multi)} as " in checks["database"]["detail"]
+    assert where(multi).startswith(f"127.0.0.1:{dead},")
+
+    # Neither host answers: the failure names both.
+    other = free_port()
+    code, checks, _ = doctor(
+        {
+            "DUCTOR_STREAMS_DATABASE_URL": f"postgresql://nobody@127.0.0.1:{dead},127.0.0.1:{other}/x"
+        },
+        "--timeout",
+        "3",
+    )
+    assert code == 1
+    assert checks["database"]["status"] == "fail"
+    assert checks["database"]["detail"].startswith(
+        f"cannot connect to 127.0.0.1:{dead},127.0.0.1:{other}/x: "
+    ), checks["database"]["detail"]
 
 
 def test_the_table_and_bad_usage(database_url: str) -> None:

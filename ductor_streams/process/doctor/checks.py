@@ -62,9 +62,17 @@ async def connect(dsn: str) -> asyncpg.Connection:
 
 
 def where(dsn: str) -> str:
-    """``host:port/database`` of a DSN, without its user or password."""
+    """``host:port/database`` of a DSN, without its user or password; every host of a
+    multi-host DSN (``h1:p1,h2:p2``, as ``pg_autoctl show uri`` prints), comma-separated.
+    (``urlsplit``'s ``port`` refuses a multi-host address, so the hosts are split here.)"""
     parts = urlsplit(dsn)
-    return f"{parts.hostname or 'localhost'}:{parts.port or 5432}{parts.path or '/'}"
+    hosts = []
+    for entry in parts.netloc.rpartition("@")[2].split(","):
+        host, colon, port = entry.rpartition(":") if not entry.endswith("]") else ("", "", "")
+        if not colon or not port.isdigit():
+            host, port = entry, "5432"
+        hosts.append(f"{host or 'localhost'}:{port}")
+    return f"{','.join(hosts)}{parts.path or '/'}"
 
 
 def short_error(exc: BaseException) -> str:
