@@ -146,6 +146,9 @@ SUBSCRIBERS = Gauge(
 # Why a request waits on its caller's behalf: for credit (an append or object commit of
 # a ``block`` stream, refused once), or at a stream's tail (a Durable Streams long-poll).
 WAIT_REASONS = ("credit", "long_poll")
+# What else a caller's going ends: a request queued for its append statement, not yet
+# sent (queued); a catch-up read waiting for one of its tenant's read slots (read_slot).
+ABANDON_REASONS = (*WAIT_REASONS, "queued", "read_slot")
 REQUESTS_WAITING = Gauge(
     "ductor_streams_requests_waiting",
     "Requests of this process waiting on their caller's behalf now, by reason "
@@ -155,12 +158,14 @@ REQUESTS_WAITING = Gauge(
 )
 WAITS_ABANDONED = Counter(
     "ductor_streams_waits_abandoned",
-    "Waits ended because their caller went away (nothing more was done for it), by reason.",
+    "Waits ended because their caller went away (nothing more was done for it), by reason "
+    "(also queued: an append not yet sent; read_slot: a read waiting for a slot).",
     ["reason"],
     registry=REGISTRY,
 )
 for _reason in WAIT_REASONS:  # exposed at 0 before the first wait
     REQUESTS_WAITING.labels(reason=_reason)
+for _reason in ABANDON_REASONS:
     WAITS_ABANDONED.labels(reason=_reason)
 CREDIT_RECHECKS = Counter(
     "ductor_streams_credit_rechecks",

@@ -19,8 +19,9 @@ from __future__ import annotations
 import asyncio
 import collections
 
-from ductor_streams.errors import TooManyReads
+from ductor_streams.errors import ClientGone, TooManyReads
 from ductor_streams.foundation import metrics
+from ductor_streams.store.gone import CallerGone, unless_gone
 
 # What a refused reader is told to wait: reads take well under a second each.
 RETRY_AFTER_SECONDS = 1
@@ -60,26 +61,35 @@ class TenantReads:
         """The tenant's reads in progress."""
         return self._active.get(tenant, 0)
 
-    async def admit(self, tenant: str) -> ReadSlot:
+    async def admit(self, tenant: str, caller_gone: CallerGone | None = None) -> ReadSlot:
         """A slot for one read of ``tenant``, at once or after a wait of up to
-        ``wait_seconds``; TooManyReads when none came free in time."""
+        ``wait_seconds``; TooManyReads when none came free in time. ``caller_gone``
+        (store/gone.py) ends the wait with ClientGone once the caller has gone: a
+        reader that left holds no place in the queue."""
         active = self._active.get(tenant, 0)
         # Below the cap nobody of the tenant waits: a release hands its slot to a waiter
         # before the count drops.
         if active < self.max_reads:
             self._active[tenant] = active + 1
             return ReadSlot(self, tenant)
-        await self._wait(tenant)
+        await self._wait(tenant, caller_gone)
         return ReadSlot(self, tenant)
 
-    async def _wait(self, tenant: str) -> None:
+    async def _wait(self, tenant: str, caller_gone: CallerGone | None) -> None:
         loop = asyncio.get_running_loop()
         waiter: asyncio.Future[None] = loop.create_future()
         queue = self._waiting.setdefault(tenant, collections.deque())
         queue.append(waiter)
         timer = loop.call_later(self.wait_seconds, _expire, waiter)
         try:
-            await waiter
+            if caller_gone is None:
+                await waiter
+            else:
+                try:
+                    await unless_gone(waiter, caller_gone())
+                except ClientGone:
+                    metrics.WAITS_ABANDONED.labels(reason="read_slot").inc()
+                    raise
         except BaseException:
             # Refused, or cancelled (the client went away). A slot handed over just as
             # the task was cancelled is handed on.

@@ -9,14 +9,14 @@ from collections.abc import Callable
 
 import asyncpg
 
-from ductor_streams.errors import CreditExhausted, QuotaExhausted
+from ductor_streams.errors import ClientGone, CreditExhausted, QuotaExhausted
 from ductor_streams.foundation import metrics
 from ductor_streams.foundation.definitions import StreamDefinition
 from ductor_streams.store import acks, streams
-from ductor_streams.store.append import Appender
+from ductor_streams.store.append import STAGED_STATEMENT_BYTES, Appender
 from ductor_streams.store.credit_wait import StreamWakes, append_blocking, never_fits
 from ductor_streams.store.encoding import EncodedBatch, encode_batch
-from ductor_streams.store.gone import CallerGone
+from ductor_streams.store.gone import CallerGone, unless_gone
 from ductor_streams.store.models import (
     AppendResult,
     Page,
@@ -107,9 +107,19 @@ class Store:
         credit = ref.definition.credit
         try:
             if credit.on_unread_full != "block" or credit.block_timeout_ms <= 0:
-                result = await self.appender.append(
+                sending = self.appender.append(
                     ref.stream_pk, batch, ref=ref if ref.is_input else None
                 )
+                # A large batch whose caller has gone while it was decoded or queued is
+                # not sent (store/gone.py); small ones are not watched: the watch would
+                # cost more than the statement.
+                if caller_gone is not None and batch.bytes > STAGED_STATEMENT_BYTES:
+                    sending = unless_gone(sending, caller_gone())
+                try:
+                    result = await sending
+                except ClientGone:
+                    metrics.WAITS_ABANDONED.labels(reason="queued").inc()
+                    raise
             else:
                 result = await append_blocking(
                     self.appender,

@@ -153,7 +153,14 @@ async def retry_on_credit(
     # between a refusal and the next wait still wakes it.
     with _wakes(hub, stream_pk) as woken:
         try:
-            return await attempt()
+            if caller_gone is None:
+                return await attempt()
+            # Watched too: a request still queued behind other statements when its
+            # caller goes is dropped unsent (store/append.py, take_group).
+            return await unless_gone(attempt(), caller_gone())
+        except ClientGone:
+            metrics.WAITS_ABANDONED.labels(reason="queued").inc()
+            raise
         except CreditExhausted:
             if hopeless or deadline - time.monotonic() <= 0:
                 raise

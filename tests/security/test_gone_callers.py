@@ -47,12 +47,22 @@ BATCH_BYTES = BIG_RECORDS * (PAYLOAD_CHARS + 2)
 
 WAITING = 'ductor_streams_requests_waiting{reason="credit"}'
 ABANDONED = 'ductor_streams_waits_abandoned_total{reason="credit"}'
+QUEUED_ABANDONED = 'ductor_streams_waits_abandoned_total{reason="queued"}'
 LONG_POLLS = 'ductor_streams_requests_waiting{reason="long_poll"}'
 LONG_POLLS_ABANDONED = 'ductor_streams_waits_abandoned_total{reason="long_poll"}'
 STAGED = "ductor_streams_append_staged_statements_total"
 STILL_REFUSED = 'ductor_streams_credit_rechecks_total{outcome="still_refused"}'
 SENT = 'ductor_streams_credit_rechecks_total{outcome="sent"}'
-WATCHED = {WAITING, ABANDONED, LONG_POLLS, LONG_POLLS_ABANDONED, STAGED, STILL_REFUSED, SENT}
+WATCHED = {
+    WAITING,
+    ABANDONED,
+    QUEUED_ABANDONED,
+    LONG_POLLS,
+    LONG_POLLS_ABANDONED,
+    STAGED,
+    STILL_REFUSED,
+    SENT,
+}
 
 _SAMPLE = re.compile(r"^([a-zA-Z_:][\w:]*(?:\{[^}]*\})?) (\S+)$")
 
@@ -239,6 +249,75 @@ async def test_an_abandoned_blocking_append_stops_and_is_never_appended(
     )
     assert again.status_code == 201, again.text
     assert again.json() == {"first_sequence": CEILING + 1, "last_sequence": CEILING + 1}
+
+
+@pytest.mark.parametrize("policy", ["block", "reject"])
+@pytest.mark.timeout(300)
+async def test_an_append_whose_caller_goes_while_it_is_queued_is_never_sent(
+    gone_server: ServerProcess,
+    http: httpx.AsyncClient,
+    auth: TokenFactory,
+    run_id: str,
+    pool: asyncpg.Pool,
+    big_body: bytes,
+    policy: str,
+) -> None:
+    """A large append queued behind its stream's statement in flight (credit is free:
+    it would go in) whose client hangs up is dropped unsent: not appended, not staged,
+    once the statement ahead of it commits. Both credit policies: a ``block`` stream's
+    first attempt, and a ``reject`` stream's only one."""
+    headers = auth()
+    body = definition_body(
+        max_unread_items=10 * CEILING, on_unread_full=policy, block_timeout_ms=300_000
+    )
+    created = await http.post(f"{API}/runs/{run_id}/streams", json=body, headers=headers)
+    assert created.status_code == 201, created.text
+    sid = str(body["stream_id"])
+    before = await scrape(http)
+    async with pool.acquire() as locker:
+        lock = locker.transaction()
+        await lock.start()
+        try:
+            # The stream's row locked here: the first append's statement waits in Postgres.
+            await locker.execute(
+                "SELECT 1 FROM workflow_streams.streams"
+                " WHERE run_id = $1 AND stream_id = $2 FOR UPDATE",
+                run_id,
+                sid,
+            )
+            first = asyncio.create_task(
+                http.post(
+                    records_url(run_id, sid), json={"records": [{"payload": 1}]}, headers=headers
+                )
+            )
+            await eventually(
+                lambda: active_appends(pool), lambda q: len(q) == 1, what="first statement"
+            )
+            _, writer = await raw_request(
+                gone_server.port,
+                "POST",
+                records_url(run_id, sid),
+                {**headers, "Content-Type": "application/json"},
+                big_body,
+            )
+            await hang_up(writer)
+            await eventually(
+                lambda: scrape(http),
+                lambda m: m[QUEUED_ABANDONED] == before[QUEUED_ABANDONED] + 1,
+                timeout=60,
+                what="the queued append dropped",
+            )
+            assert not first.done()
+        finally:
+            await lock.rollback()
+    answer = await first
+    assert answer.status_code == 201, answer.text
+    assert answer.json() == {"first_sequence": 1, "last_sequence": 1}
+    await nothing_happens_for_a_while()
+    assert await latest_sequence(http, headers, run_id, sid) == 1
+    after = await scrape(http)
+    assert after[STAGED] == before[STAGED]
+    assert await active_appends(pool) == []
 
 
 def rss_mib(pid: int) -> float:

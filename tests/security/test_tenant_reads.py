@@ -5,7 +5,8 @@ the head of a 12 MB page and nothing more) hold both of A's slots. Every further
 catch-up read of A, native, DS or an object download, waits its 0.2 s and is answered
 ``429`` ``too_many_reads`` with ``Retry-After``; tenant B's reads are all answered in
 full meanwhile, and so are A's reads that take no slot (a DS read at the tail). Once A's
-stalled readers go away, A reads again.
+stalled readers go away, A reads again. A read waiting for a slot whose client hangs up
+stops waiting then: it is never refused later, and holds no place in the queue.
 """
 
 from __future__ import annotations
@@ -31,20 +32,32 @@ MAX_READS = 2
 RECORDS = 1000
 PAYLOAD = "x" * 12_000  # a 12 MB page: more than the sockets' buffers take
 REFUSED = "ductor_streams_reads_refused_total"
+SLOT_WAITS_ABANDONED = 'ductor_streams_waits_abandoned_total{reason="read_slot"}'
 
 
-@pytest.fixture
-def limited_server(settings: Settings, tmp_path: Path) -> Iterator[ServerProcess]:
-    with ServerProcess(
+def _limited(settings: Settings, tmp_path: Path, wait_seconds: str) -> ServerProcess:
+    return ServerProcess(
         settings,
         log_path=tmp_path / "serve.log",
         extra_env={
             "DUCTOR_STREAMS_TENANT_MAX_READS": str(MAX_READS),
-            "DUCTOR_STREAMS_TENANT_READ_WAIT_SECONDS": "0.2",
+            "DUCTOR_STREAMS_TENANT_READ_WAIT_SECONDS": wait_seconds,
             # The stalled readers keep their slots for the whole test.
             "DUCTOR_STREAMS_READ_STALL_SECONDS": "300",
         },
-    ) as server:
+    )
+
+
+@pytest.fixture
+def limited_server(settings: Settings, tmp_path: Path) -> Iterator[ServerProcess]:
+    with _limited(settings, tmp_path, "0.2") as server:
+        yield server
+
+
+@pytest.fixture
+def patient_server(settings: Settings, tmp_path: Path) -> Iterator[ServerProcess]:
+    """Reads wait up to the longest allowed for a slot: only a hang-up ends one early."""
+    with _limited(settings, tmp_path, "60") as server:
         yield server
 
 
@@ -142,3 +155,69 @@ async def test_a_tenant_past_its_reads_gets_429_while_another_reads(
         )
         assert again.json()["records"][0]["payload"] == PAYLOAD
         assert (await client.get(download, headers=a)).content == b"object bytes"
+
+
+async def _hung_up_after_sending(port: int, path: str, token: str) -> asyncio.StreamWriter:
+    """A GET sent whole on a socket of its own; the caller closes it unanswered."""
+    _reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        f"GET {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+    )
+    await writer.drain()
+    return writer
+
+
+@pytest.mark.timeout(300)
+async def test_a_read_waiting_for_a_slot_stops_when_its_client_goes(
+    patient_server: ServerProcess, tenant: str, run_id: str
+) -> None:
+    token = _token(tenant)
+    a = {"Authorization": f"Bearer {token}"}
+    records = f"{API}/runs/{run_id}/streams/s/records"
+    ds = f"{API}/runs/{run_id}/ds/v1/stream/s"
+    async with httpx.AsyncClient(base_url=patient_server.url, timeout=60) as client:
+        await _stream(client, token, run_id, PAYLOAD)
+        created = await client.post(
+            f"{API}/runs/{run_id}/streams",
+            json={"stream_id": "artifacts", "direction": "output"},
+            headers=a,
+        )
+        assert created.status_code == 201, created.text
+        object_id, _ = await ObjectApi(client, a, run_id).put_object(b"object bytes")
+        download = f"{API}/runs/{run_id}/streams/artifacts/objects/{object_id}/content"
+        stalled = [
+            await open_stalled(patient_server.port, f"{records}?limit={RECORDS}", token)
+            for _ in range(MAX_READS)
+        ]
+        assert [r.status for r in stalled] == [200] * MAX_READS
+        refused_before = await metric(client, REFUSED)
+        gone_before = await metric(client, SLOT_WAITS_ABANDONED)
+
+        # Three reads wait for one of A's slots (each may wait 60 s); their clients go.
+        waiting = [
+            await _hung_up_after_sending(patient_server.port, path, token)
+            for path in (f"{records}?limit=1", ds, download)
+        ]
+        for writer in waiting:
+            writer.close()
+        await eventually(
+            lambda: metric(client, SLOT_WAITS_ABANDONED),
+            lambda gone: gone == gone_before + 3,
+            timeout=30,
+            what="the waits of the reads whose clients went ended",
+        )
+        # Ended by the hang-up, not by the wait running out: none of them is refused.
+        assert await metric(client, REFUSED) == refused_before
+
+        # The slots the stalled readers give back go to nobody who left: a new read
+        # of A takes one at once.
+        for reader in stalled:
+            reader.close()
+        again = await eventually(
+            lambda: client.get(records, params={"limit": 1}, headers=a),
+            lambda answer: answer.status_code == 200,
+            timeout=30,
+            what="tenant A reading again",
+        )
+        assert again.json()["records"][0]["payload"] == PAYLOAD
+        assert await metric(client, REFUSED) == refused_before

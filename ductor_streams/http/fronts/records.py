@@ -110,6 +110,7 @@ async def answer_records(
                 query.get("cursor"),
                 query.get("limit"),
                 query.get("fingerprint"),
+                caller_gone(receive),
             )
     except ClientGone:
         return 0

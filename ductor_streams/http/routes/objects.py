@@ -168,7 +168,7 @@ async def download_object(request: Request[Any, Any, Any]) -> Stream:
     check_egress(request, ref)
     runtime = runtime_of(request)
     settings = runtime.settings
-    slot = await runtime.reads.admit(principal_of(request).tenant)
+    slot = await runtime.reads.admit(principal_of(request).tenant, caller_gone(request.receive))
     try:
         intent, content = await object_service(request).download(
             ref, request.path_params["object_id"], block_bytes=settings.read_piece_bytes

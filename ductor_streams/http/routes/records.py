@@ -92,6 +92,7 @@ async def read_answer(
     cursor: str | None,
     limit: str | None,
     fingerprint: str | None = None,
+    caller_gone: CallerGone | None = None,
 ) -> Answer:
     """A page of records after ``cursor`` (already authenticated with ``streams:read``).
 
@@ -105,7 +106,8 @@ async def read_answer(
     read and sent a piece at a time (http/codecs/record_pages.py).
 
     ``fingerprint`` (the ``fingerprint=`` parameter: the record the reader saw at the
-    cursor) makes the read 409 ``history_diverged`` when the stored record differs."""
+    cursor) makes the read 409 ``history_diverged`` when the stored record differs.
+    ``caller_gone`` ends a wait for a read slot when the client goes (ClientGone)."""
     after = parse_cursor(cursor)
     count = parse_limit(limit)
     seen = parse_fingerprint(fingerprint, after)
@@ -114,7 +116,7 @@ async def read_answer(
     ref = await resolve_stream(store, principal, run_id, stream_id, "read", "GET")
     egress_check(principal, settings.region, ref)
     redaction = redaction_for(principal, ref)
-    slot = await runtime.reads.admit(principal.tenant)
+    slot = await runtime.reads.admit(principal.tenant, caller_gone)
     try:
         body, pieces = await page_body(
             store, ref, redaction, after, count, settings.read_piece_bytes, seen
@@ -169,6 +171,7 @@ async def read_records(request: Request[Any, Any, Any]) -> Response[Any]:
         request.query_params.get("cursor"),
         request.query_params.get("limit"),
         request.query_params.get("fingerprint"),
+        caller_gone(request.receive),
     )
     if answer.pieces is None:
         return answer.to_response()

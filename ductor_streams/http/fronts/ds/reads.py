@@ -24,7 +24,7 @@ from ductor_streams.http.codecs.record_pages import check_dense
 from ductor_streams.http.fronts.ds import media
 from ductor_streams.http.fronts.ds.offsets import NOW, format_offset, parse_offset, response_cursor
 from ductor_streams.http.fronts.ds.protocol import NO_STORE, Reply, Request
-from ductor_streams.http.middleware.disconnect import until_disconnect
+from ductor_streams.http.middleware.disconnect import caller_gone, until_disconnect
 from ductor_streams.live.events import End, Expired, Gone, Interrupted, LiveBatch
 from ductor_streams.store import StreamRef, ds
 from ductor_streams.store.models import Record
@@ -88,7 +88,7 @@ async def read(request: Request) -> Reply:
             return _tail_reply(ref, tail.latest_sequence, tail.closed, live is not None)
         return await _long_poll(request, principal, ref, tail.latest_sequence, mode, redaction)
     assert not isinstance(offset, str)
-    slot = await request.runtime.reads.admit(principal.tenant)
+    slot = await request.runtime.reads.admit(principal.tenant, caller_gone(request.receive))
     try:
         page = await ds.read(
             pool, ref.stream_pk, offset, PAGE_RECORDS, PAGE_BYTES, settings.read_piece_bytes
