@@ -217,18 +217,20 @@ async def test_a_malformed_or_repeated_host_is_refused_before_anything(
     assert status == 400 and json.loads(body)["code"] == "invalid_host"
 
 
-async def test_location_comes_from_the_checked_host_or_the_public_url(
+async def test_location_comes_from_the_servers_address_or_the_public_url(
     server: Any, replica: Any, auth: TokenFactory, run_id: str
 ) -> None:
     token = auth()
     path = f"{API}/runs/{run_id}/ds/v1/stream"
-    for host in ("streams.example.com:8443", "127.0.0.1", "[::1]:8000"):
-        name = f"loc-{len(host)}"
+    # Whatever well-formed Host the client claims, none of it comes back: the URL is
+    # the address the connection arrived at.
+    for host in ("streams.example.com:8443", "evil.example", "127.0.0.1", "[::1]:8000"):
+        name = f"loc-{host.replace(':', '').replace('[', '').replace(']', '')}"
         status, headers, _ = await _raw(
             server.url, _request("PUT", f"{path}/{name}", [host], token)
         )
         assert status == 201
-        assert headers["location"] == f"http://{host}{path}/{name}"
+        assert headers["location"] == f"{server.url}{path}/{name}"
     # A public URL wins over any Host.
     status, headers, _ = await _raw(
         replica.url, _request("PUT", f"{path}/public", ["evil.example"], token)

@@ -8,10 +8,12 @@ A well-formed ``Host`` is a DNS name (letters, digits, ``-``, ``.``, ``_``, ``~`
 IPv4 address or a bracketed IPv6 literal, with an optional port. An empty ``Host``
 (allowed when the target has no authority) and a missing one (HTTP/1.0) are accepted.
 
-The only URL the server builds from the request is a Durable Streams PUT's
-``Location``: it starts with ``DUCTOR_STREAMS_PUBLIC_URL`` when that is set, else with
-the request's scheme and its (checked) ``Host``, so that nothing a client sends lands
-unchecked in a response header.
+The only URL the server hands out is a Durable Streams PUT's ``Location``, which the
+protocol's clients take as an absolute URL. It starts with ``DUCTOR_STREAMS_PUBLIC_URL``
+when that is set, else with the scheme and the address the connection arrived at (the
+server's own socket, as the ASGI server reports it). Nothing a client sends lands in a
+response header: not even a well-formed ``Host``, which would name whatever host the
+client claimed. Behind a proxy, set ``DUCTOR_STREAMS_PUBLIC_URL``.
 """
 
 from __future__ import annotations
@@ -43,22 +45,16 @@ def host_error(headers: Iterable[tuple[bytes, bytes]]) -> InvalidHost | None:
     return None
 
 
-def absolute_url(settings: Settings, scope: MutableMapping[str, Any], path: str) -> str:
+def location_url(settings: Settings, scope: MutableMapping[str, Any], path: str) -> str:
     """``path`` (absolute, from the request's own route) as an absolute URL: after
-    ``DUCTOR_STREAMS_PUBLIC_URL``, else after the request's scheme and host."""
+    ``DUCTOR_STREAMS_PUBLIC_URL``, else after the scheme and the address this
+    connection arrived at (never the request's ``Host``)."""
     if settings.public_url:
         return settings.public_url + path
-    host = ""
-    for name, value in scope["headers"]:
-        if name == b"host" or (len(name) == 4 and name.lower() == b"host"):
-            host = value.decode("latin-1")
-            break
-    if not host or not _HOST.fullmatch(host.encode("latin-1")):
-        # No usable Host (HTTP/1.0, or an empty one): the address the request came to.
-        server = scope.get("server") or ("localhost", None)
-        address, port = server[0], server[1]
-        if ":" in address:
-            address = f"[{address}]"
-        host = address if port is None else f"{address}:{port}"
+    server = scope.get("server") or ("localhost", None)
+    address, port = server[0], server[1]
+    if ":" in address:
+        address = f"[{address}]"
+    host = address if port is None else f"{address}:{port}"
     scheme = "https" if scope.get("scheme") == "https" else "http"
     return f"{scheme}://{host}{path}"

@@ -37,7 +37,7 @@ from ductor_streams.http.fronts.ds.offsets import format_offset
 from ductor_streams.http.fronts.ds.protocol import Refusal, Reply, Request, not_found, require_admin
 from ductor_streams.http.fronts.records import read_body
 from ductor_streams.http.middleware.disconnect import caller_gone
-from ductor_streams.http.middleware.host import absolute_url
+from ductor_streams.http.middleware.host import location_url
 from ductor_streams.store import StreamKey, StreamRef, ds
 from ductor_streams.store.ds import WriteOutcome, WriterHeaders
 from ductor_streams.store.outcomes import DsWriteOutcome
@@ -113,7 +113,7 @@ async def create(request: Request) -> Reply:
     if created:
         # From DUCTOR_STREAMS_PUBLIC_URL, or the checked Host (http/middleware/host.py): the
         # protocol's clients want an absolute URL.
-        headers["Location"] = absolute_url(settings, request.scope, request.path)
+        headers["Location"] = location_url(settings, request.scope, request.path)
     if head.closed:
         headers["Stream-Closed"] = "true"
     return Reply(201 if created else 200, headers)
