@@ -5,8 +5,9 @@ of a 12 MB page (``limit=1000``), 40 DS catch-ups (an 8 MB page) and 20 download
 12 MiB object. Each gets its response head; each connection is cut once its budget
 (``DUCTOR_STREAMS_READ_STALL_SECONDS``) passes, counted by route in
 ``ductor_streams_read_stall_cuts_total``; the server's peak RSS rises by at most 150 MiB
-over the peak that normal reads of the same bodies reached, and falls back once they
-are cut. A reader that reads normally gets each body whole.
+over the peak that normal reads of the same bodies reached, and over the idle server's
+RSS before any read, and falls back once they are cut. A reader that reads normally
+gets each body whole.
 """
 
 from __future__ import annotations
@@ -95,6 +96,7 @@ async def test_stalled_catch_up_readers_are_cut_with_bounded_memory(
             "ds": f"{API}/runs/{run_id}/ds/v1/stream/s",
             "object": f"{base}/artifacts/objects/{object_id}/content",
         }
+        rss_idle = rss_kib(pid)
         # Each body read normally first: whole, and the peak RSS that reading it costs.
         sizes = {}
         for route, path in paths.items():
@@ -126,6 +128,8 @@ async def test_stalled_catch_up_readers_are_cut_with_bounded_memory(
                 what=f"every stalled {route} reader cut",
             )
         peak_mib = (rss_kib(pid, "VmHWM") - peak_before) / 1024
+        # And over the RSS before any read at all: what the issue's readers may cost.
+        peak_over_idle_mib = (rss_kib(pid, "VmHWM") - rss_idle) / 1024
         for route, n in STALLED.items():
             assert await metric(client, f'{CUTS}{{route="{route}"}}') == n
             # Each connection ends (what the kernel had buffered is read first), short
@@ -141,10 +145,12 @@ async def test_stalled_catch_up_readers_are_cut_with_bounded_memory(
             what="the server's RSS back",
         )
         print(
-            f"peak RSS +{peak_mib:.0f} MiB over normal reads; RSS {rss_before // 1024} MiB "
+            f"peak RSS +{peak_mib:.0f} MiB over normal reads, +{peak_over_idle_mib:.0f} MiB "
+            f"over the idle server ({rss_idle // 1024} MiB); RSS {rss_before // 1024} MiB "
             f"before the stalled readers, {rss_after // 1024} MiB after"
         )
         assert peak_mib < RSS_BOUND_MIB
+        assert peak_over_idle_mib < RSS_BOUND_MIB
 
         # The server serves on: each body whole again.
         for route, path in paths.items():
