@@ -96,8 +96,9 @@ class _ClaimedStream:
     """One claimed stream's deliveries while this dispatcher holds their leases."""
 
     deliveries: list[ClaimedDelivery]
-    # Ids still leased to us: an id leaves before the statement that records or gives it
-    # back is sent, so a renewal that misses an id still here has found a lease lost.
+    # Sequences still leased to us (a delivery is named by its stream and sequence in
+    # every statement: outbox.py): one leaves before the statement that records or gives
+    # it back is sent, so a renewal that misses one still here has found a lease lost.
     held: set[int]
     # Monotonic start of the claim, then of the last renewal that covered all of `held`.
     renewed_at: float
@@ -114,6 +115,12 @@ class _ClaimedStream:
     # Leased by its own append (``adopt``), under the stream's row lock: every later
     # commit of the stream has a wake of its own, which ``more`` records.
     adopted: bool = False
+
+    @property
+    def stream_pk(self) -> int:
+        """The stream (of a claim, not a reservation): every statement on its rows names
+        it beside their sequences, so that each stays on the stream's shard (docs/scale.md)."""
+        return self.deliveries[0].stream_pk
 
 
 class Dispatcher:
@@ -314,7 +321,7 @@ class Dispatcher:
             self._look_everywhere = True
             self._wake.set()
         elif stream.more or (not stream.adopted and stream.wakes_at_claim != self._wakes):
-            self._named.add(stream.deliveries[0].stream_pk)
+            self._named.add(stream.stream_pk)
             self._wake.set()
         elif self._named:
             self._wake.set()  # streams named while every slot was taken
@@ -351,7 +358,7 @@ class Dispatcher:
         its statement was sent), as if a claim sent then had taken it."""
         stream_pk = deliveries[0].stream_pk
         placeholder = self._unhold(stream_pk)
-        stream = _ClaimedStream(deliveries, {d.delivery_id for d in deliveries}, started)
+        stream = _ClaimedStream(deliveries, {d.event.sequence for d in deliveries}, started)
         stream.more = placeholder is not None and (
             placeholder.more or placeholder.seen > deliveries[-1].event.sequence
         )
@@ -397,12 +404,12 @@ class Dispatcher:
         if tracing.ENABLED and claimed:
             _claim_span(claimed, started_ns)
         streams = [
-            _ClaimedStream(deliveries, {d.delivery_id for d in deliveries}, started)
+            _ClaimedStream(deliveries, {d.event.sequence for d in deliveries}, started)
             for deliveries in claimed.values()
         ]
         self._streams.update(streams)
         for stream in streams:
-            self._held[stream.deliveries[0].stream_pk] = stream
+            self._held[stream.stream_pk] = stream
         return streams
 
     # -- the lease heartbeat ---------------------------------------------------------
@@ -451,7 +458,9 @@ class Dispatcher:
                 log.exception("lease renewal raised")
 
     async def _renew(self, streams: list[_ClaimedStream]) -> None:
-        ids = [delivery_id for stream in streams for delivery_id in stream.held]
+        held: dict[int, set[int]] = {}
+        for stream in streams:
+            held.setdefault(stream.stream_pk, set()).update(stream.held)
         # Bounded by a guard: a renewal that took longer extends nothing (its start plus
         # the guard has passed), but a slow one that succeeds within it still counts (a
         # new pool connection under load can take most of a second).
@@ -460,7 +469,7 @@ class Dispatcher:
             started = time.monotonic()
             renewed = await outbox.renew(
                 conn,
-                ids,
+                held,
                 owner=self.owner,
                 lease_seconds=self.config.lease_seconds,
                 timeout=self._guard,
@@ -468,7 +477,7 @@ class Dispatcher:
         self.renewals += 1
         for stream in streams:
             # `held` may have shrunk meanwhile; whatever is still in it must be renewed.
-            if stream.held <= renewed:
+            if stream.held <= renewed.get(stream.stream_pk, set()):
                 stream.renewed_at = max(stream.renewed_at, started)
             elif not stream.lost:
                 # Lapsed (a stall longer than the guard's margin) or taken: this stream's
@@ -476,7 +485,7 @@ class Dispatcher:
                 stream.lost = True
                 log.warning(
                     "delivery lease lost",
-                    extra={"stream_pk": stream.deliveries[0].stream_pk, "owner": self.owner},
+                    extra={"stream_pk": stream.stream_pk, "owner": self.owner},
                 )
 
     def _deadline(self, stream: _ClaimedStream) -> float:
@@ -545,7 +554,7 @@ class Dispatcher:
             raise
 
     async def _deliver_stream(self, stream: _ClaimedStream) -> None:
-        done: list[int] = []
+        done: list[int] = []  # sequences sent and not yet recorded
         deliveries = stream.deliveries
         recorded_at = time.monotonic()
         try:
@@ -575,7 +584,7 @@ class Dispatcher:
                 metrics.DELIVERY_LATENCY.observe(
                     max(0.0, (datetime.now(UTC) - delivery.created_at).total_seconds())
                 )
-                done.append(delivery.delivery_id)
+                done.append(delivery.event.sequence)
                 if time.monotonic() - recorded_at >= RECORD_EVERY:
                     await self._flush(stream, done)
                     recorded_at = time.monotonic()
@@ -586,22 +595,23 @@ class Dispatcher:
             log.warning("recording deliveries failed", extra={"error_type": type(exc).__name__})
         finally:
             self._streams.discard(stream)
-            if self._held.get(stream.deliveries[0].stream_pk) is stream:
-                del self._held[stream.deliveries[0].stream_pk]
+            if self._held.get(stream.stream_pk) is stream:
+                del self._held[stream.stream_pk]
 
     def _young(self, delivery: ClaimedDelivery) -> bool:
         age = (datetime.now(UTC) - delivery.created_at).total_seconds()
         return age < self.config.not_found_grace
 
     def _let_go(self, stream: _ClaimedStream, index: int) -> list[int]:
-        """The ids of deliveries[index:], no longer held (before any statement on them)."""
-        ids = [d.delivery_id for d in stream.deliveries[index:]]
-        stream.held.difference_update(ids)
-        return ids
+        """The sequences of deliveries[index:], no longer held (before any statement on
+        them)."""
+        sequences = [d.event.sequence for d in stream.deliveries[index:]]
+        stream.held.difference_update(sequences)
+        return sequences
 
     async def _flush(self, stream: _ClaimedStream, done: list[int]) -> None:
         stream.held.difference_update(done)
-        await outbox.mark_delivered(self._pool, done)
+        await outbox.mark_delivered(self._pool, stream.stream_pk, done)
         self.delivered += len(done)
         done.clear()
 
@@ -612,17 +622,23 @@ class Dispatcher:
             # Renewals failed or lagged (database trouble, a stalled event loop).
             log.warning(
                 "delivery lease guard ran out: giving the rest of a claim back",
-                extra={"stream_pk": stream.deliveries[0].stream_pk, "lost": stream.lost},
+                extra={"stream_pk": stream.stream_pk, "lost": stream.lost},
             )
         await self._flush(stream, done)
-        await outbox.release(self._pool, self._let_go(stream, index), owner=self.owner, wake=True)
+        await outbox.release(
+            self._pool, stream.stream_pk, self._let_go(stream, index), owner=self.owner, wake=True
+        )
 
     async def _dead(self, done: list[int], stream: _ClaimedStream, index: int, error: str) -> None:
         delivery = stream.deliveries[index]
         metrics.DELIVERY_ATTEMPTS.labels("dead").inc()
         await self._flush(stream, done)
         await outbox.mark_dead(
-            self._pool, self._let_go(stream, index), attempted=delivery.delivery_id, error=error
+            self._pool,
+            stream.stream_pk,
+            self._let_go(stream, index),
+            attempted=delivery.event.sequence,
+            error=error,
         )
         log.info(
             "input delivery dead",
@@ -645,20 +661,22 @@ class Dispatcher:
         if attempts >= self.config.max_attempts:
             await outbox.mark_dead(
                 self._pool,
+                stream.stream_pk,
                 rest,
-                attempted=failed.delivery_id,
+                attempted=failed.event.sequence,
                 error=f"gave up after {attempts} attempts: {error}",
             )
             return
         await outbox.mark_retrying(
             self._pool,
-            failed.delivery_id,
+            stream.stream_pk,
+            failed.event.sequence,
             owner=self.owner,
             error=error[:1000],
             delay=backoff_delay(attempts, self.config),
         )
         # Behind a head that backs off: nothing to wake anyone for.
-        await outbox.release(self._pool, rest[1:], owner=self.owner)
+        await outbox.release(self._pool, stream.stream_pk, rest[1:], owner=self.owner)
 
 
 def _claim_span(claimed: dict[int, list[ClaimedDelivery]], started_ns: int) -> None:

@@ -1,8 +1,13 @@
-"""The input delivery rows in Postgres: claim with a lease, record each outcome."""
+"""The input delivery rows in Postgres: claim with a lease, record each outcome.
+
+Every statement on claimed rows names their stream as well as their ids (a claim returns
+both): each stays on one shard with the tables distributed by stream (docs/scale.md).
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -71,48 +76,62 @@ async def claim(
     return claimed
 
 
-async def mark_delivered(pool: asyncpg.Pool, delivery_ids: list[int]) -> None:
-    if delivery_ids:
-        await pool.execute(QUERIES["delivery_mark_delivered"], delivery_ids)
+async def mark_delivered(pool: asyncpg.Pool, stream_pk: int, sequences: list[int]) -> None:
+    """Record the signals of stream ``stream_pk``'s deliveries ``sequences``."""
+    if sequences:
+        await pool.execute(QUERIES["delivery_mark_delivered"], sequences, stream_pk)
 
 
 async def mark_retrying(
-    pool: asyncpg.Pool, delivery_id: int, *, owner: str, error: str, delay: float
+    pool: asyncpg.Pool, stream_pk: int, sequence: int, *, owner: str, error: str, delay: float
 ) -> None:
-    await pool.execute(QUERIES["delivery_mark_retrying"], delivery_id, owner, error, delay)
+    await pool.execute(QUERIES["delivery_mark_retrying"], sequence, owner, error, delay, stream_pk)
 
 
 async def mark_dead(
-    pool: asyncpg.Pool, delivery_ids: list[int], *, attempted: int, error: str
+    pool: asyncpg.Pool, stream_pk: int, sequences: list[int], *, attempted: int, error: str
 ) -> None:
-    await pool.execute(QUERIES["delivery_mark_dead"], delivery_ids, attempted, error)
+    """Stream ``stream_pk``'s deliveries ``sequences`` are dead; ``attempted`` (a sequence)
+    counts an attempt."""
+    await pool.execute(QUERIES["delivery_mark_dead"], sequences, attempted, error, stream_pk)
 
 
 async def release(
-    pool: asyncpg.Pool, delivery_ids: list[int], *, owner: str, wake: bool = False
+    pool: asyncpg.Pool, stream_pk: int, sequences: list[int], *, owner: str, wake: bool = False
 ) -> int:
-    """Give back ``owner``'s leases of ``delivery_ids``; with ``wake``, every dispatcher
-    hears of it at commit (when anything was given back). Returns how many were."""
-    if not delivery_ids:
+    """Give back ``owner``'s leases of stream ``stream_pk``'s deliveries ``sequences``;
+    with ``wake``, every dispatcher hears of it at commit (when anything was given back).
+    Returns how many were."""
+    if not sequences:
         return 0
-    row = await pool.fetchrow(QUERIES["delivery_release"], delivery_ids, owner, wake)
+    row = await pool.fetchrow(QUERIES["delivery_release"], sequences, owner, wake, stream_pk)
     return int(row["released"])
 
 
 async def renew(
     conn: asyncpg.Connection,
-    delivery_ids: list[int],
+    held: Mapping[int, Collection[int]],
     *,
     owner: str,
     lease_seconds: float,
     timeout: float | None = None,  # noqa: ASYNC109 - asyncpg's statement timeout
-) -> set[int]:
-    """Extend ``owner``'s live leases of ``delivery_ids`` to ``lease_seconds`` from now;
-    returns the ids renewed (a lapsed or taken lease is not among them)."""
-    rows = await conn.fetch(
-        QUERIES["delivery_renew"], delivery_ids, owner, lease_seconds, timeout=timeout
+) -> dict[int, set[int]]:
+    """Extend ``owner``'s live leases of ``held`` (``{stream_pk: sequences}``) to
+    ``lease_seconds`` from now; returns what was renewed, the same way (a lapsed or taken
+    lease is not among it). One statement per stream, all of them sent in one round trip
+    (asyncpg pipelines ``fetchmany``) and committed together."""
+    streams = [(stream_pk, sorted(sequences)) for stream_pk, sequences in held.items() if sequences]
+    if not streams:
+        return {}
+    rows = await conn.fetchmany(
+        QUERIES["delivery_renew"],
+        [(sequences, owner, lease_seconds, stream_pk) for stream_pk, sequences in streams],
+        timeout=timeout,
     )
-    return {row["delivery_id"] for row in rows}
+    renewed: dict[int, set[int]] = {stream_pk: set() for stream_pk, _ in streams}
+    for row in rows:
+        renewed[row["stream_pk"]].add(row["sequence"])
+    return renewed
 
 
 async def seconds_until_due(pool: asyncpg.Pool, tenant: str) -> float | None:

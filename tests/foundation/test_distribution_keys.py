@@ -5,10 +5,14 @@ the hot path reach one stream only, so that with every stream-owned table distri
 Every named SQL block (QUERIES) and every function of schema/schema.sql is classified
 here, with the reason: ONE_STREAM (pinned to the stream parameter named beside it: its
 WHERE and join conditions tie every distributed table's ``stream_pk`` to it), CROSSES
-(may reach several streams, said why and what would change under Citus), NOT_YET (on
-the hot path but not pinned today: the change it needs is named) or NO_DISTRIBUTED_TABLE.
-A new statement must be put in one of them, and a new ONE_STREAM statement that loses
-its filter fails. The reader of the SQL is tests/support/sql_pins.py.
+(work across streams by its nature: sweeps, the dispatcher's discovery of streams with
+due deliveries, the appender's and followers' several-stream statements, operator
+listings, stream creation; said why and what Citus would need) or NO_DISTRIBUTED_TABLE.
+There is no third way for a hot-path statement: one that names its rows by a global id
+(a delivery's, an intent's) names their stream too, and is checked as ONE_STREAM. A new
+statement must be put in one of the groups, a ONE_STREAM statement that loses its
+filter fails, and so does a CROSSES one that in fact pins a parameter. The reader of
+the SQL is tests/support/sql_pins.py.
 """
 
 from __future__ import annotations
@@ -79,37 +83,21 @@ ONE_STREAM = {
     "object_intent_get": ("$2", "object upload and commit"),
     "object_intent_mark_uploaded": ("$2", "object upload"),
     "object_intent_abort": ("$2", "object abort, queueing its deletion"),
+    "object_intent_commit": ("$2", "object commit: locks the intent, appends, marks it"),
     "object_orphan_queue_deletion": ("$3", "bytes of an intent that moved on"),
-    # delivery of one stream
+    # delivery of one stream: the claim of a stream a wake named, then every statement
+    # on the claimed rows, which names their stream beside their ids
     "delivery_stream_is_input": ("$1", "a wake's stream: does it owe deliveries?"),
+    "delivery_claim_stream": ("$6", "claim the stream a wake named"),
+    "delivery_mark_delivered": ("$2", "record a claimed stream's signals"),
+    "delivery_mark_retrying": ("$5", "back a failed head off"),
+    "delivery_mark_dead": ("$4", "give a claimed stream's rest up"),
+    "delivery_release": ("$4", "give a claim's unattempted rest back"),
+    "delivery_renew": ("$4", "the lease heartbeat, one statement per held stream"),
     "append_receipts_prune": ("$1", "upkeep: one stream's expired receipts"),
     # upkeep of one stream (the sweeps that find the streams are in CROSSES)
     "stream_prune": ("$1", "retention of one stream, queueing its objects' deletion"),
     "deletion_insert": ("$4", "one stream's orphaned keys (NULL: keys of no stream)"),
-}
-
-# On the hot path, not pinned today; each needs the change named before it can move to
-# ONE_STREAM. The test checks they are still unpinned, so the list cannot go stale.
-NOT_YET: dict[str, tuple[str, str, tuple[str, str]]] = {
-    "delivery_claim_stream": (
-        "$6",
-        "delivery of one stream: the head is found by the stream, but the final UPDATE "
-        "finds its rows by delivery_id (from the batch), so Citus would plan it across "
-        "shards; the change: pin it to the stream as well",
-        (
-            " WHERE d.delivery_id = batch.delivery_id\n",
-            " WHERE d.delivery_id = batch.delivery_id AND d.stream_pk = $6\n",
-        ),
-    ),
-    "object_intent_commit": (
-        "$2",
-        "object commit: the intent is locked and the record appended by the stream, but "
-        "the `committed` UPDATE finds the intent by object_id alone; the change: pin it",
-        (
-            " WHERE i.object_id = $1 AND a.outcome = 'appended'",
-            " WHERE i.object_id = $1 AND i.stream_pk = $2 AND a.outcome = 'appended'",
-        ),
-    ),
 }
 
 # Named blocks that may reach several streams: {name: why, and what Citus would need}.
@@ -124,14 +112,10 @@ CROSSES = {
     "records_read_bytes_many": "live followers' reads of several streams in one "
     "statement: one per shard, or per stream",
     "live_streams_rewatch": "renews the watch of every followed stream: one per shard",
-    "delivery_claim": "the dispatcher's claim across streams (recursive view, FOR UPDATE "
-    "SKIP LOCKED: single-shard only): find due heads without locks, claim each by stream",
+    "delivery_claim": "the dispatcher's discovery of the tenant's streams with due heads "
+    "(recursive view, FOR UPDATE SKIP LOCKED: single-shard only): find due heads without "
+    "locks, then delivery_claim_stream each",
     "delivery_next_due": "the earliest due head of a tenant, over every stream",
-    "delivery_mark_delivered": "by delivery_id: would also take the claim's stream_pk",
-    "delivery_mark_retrying": "by delivery_id: would also take the stream_pk",
-    "delivery_mark_dead": "by delivery_id: would also take the stream_pk",
-    "delivery_release": "by delivery_id: would also take the stream_pk",
-    "delivery_renew": "by delivery_id, FOR UPDATE SKIP LOCKED: one statement per stream",
     "streams_browse": "the console's listing of a tenant's streams",
     "streams_with_retention": "the retention sweep's keyset over every stream",
     "streams_on_hold": "the orphan sweep's streams under legal hold (a list)",
@@ -218,7 +202,6 @@ def _problems(sql: str, pin: str) -> list[str]:
 def test_every_named_block_is_classified_once() -> None:
     groups: list[list[str]] = [
         list(ONE_STREAM),
-        list(NOT_YET),
         list(CROSSES),
         list(NO_DISTRIBUTED_TABLE),
     ]
@@ -231,21 +214,6 @@ def test_every_named_block_is_classified_once() -> None:
 def test_one_stream_block_pins_its_stream(name: str) -> None:
     pin, _why = ONE_STREAM[name]
     assert _problems(QUERIES[name], pin) == []
-
-
-@pytest.mark.parametrize("name", sorted(NOT_YET))
-def test_not_yet_pinned_blocks_are_still_unpinned(name: str) -> None:
-    """When one of these gains its filter, move it to ONE_STREAM."""
-    pin, _why, _change = NOT_YET[name]
-    assert _problems(QUERIES[name], pin) != []
-
-
-@pytest.mark.parametrize("name", sorted(NOT_YET))
-def test_not_yet_pinned_blocks_pin_with_the_change_named(name: str) -> None:
-    """The change each NOT_YET entry names is all it lacks."""
-    pin, _why, (old, new) = NOT_YET[name]
-    assert old in QUERIES[name]
-    assert _problems(QUERIES[name].replace(old, new), pin) == []
 
 
 @pytest.mark.parametrize("name", sorted(CROSSES))
@@ -362,6 +330,12 @@ def test_the_reader_sees_a_lost_filter() -> None:
     assert _problems(close.replace("WHERE stream_pk = $1", "WHERE closed_at IS NULL"), "$1")
     commit = QUERIES["object_intent_commit"]
     assert _problems(commit.replace("AND i.stream_pk = $2", ""), "$2") != []
+    # Rows joined by a key that is not the stream's (a sequence, a delivery_id) are not
+    # pinned by it: each side names the stream.
+    renew = QUERIES["delivery_renew"]
+    assert _problems(renew.replace("WHERE d.stream_pk = $4 AND ", "WHERE "), "$4") != []
+    claim = QUERIES["delivery_claim_stream"]
+    assert _problems(claim.replace(" AND d.stream_pk = $6", ""), "$6") != []
     insert = QUERIES["object_intent_insert"]
     assert _problems(insert.replace("VALUES ($1, $2,", "VALUES ($1, $3,"), "$2") != []
     (append,) = [f for f in schema_functions(_schema()) if f.signature == "append_requests/9"]

@@ -47,12 +47,43 @@ async def delivery_ids(pool: asyncpg.Pool, tenant: str, run_id: str, stream_id: 
     return [r["delivery_id"] for r in rows]
 
 
+async def _keys(pool: asyncpg.Pool, ids: list[int]) -> dict[int, tuple[int, int]]:
+    """``{delivery_id: (stream_pk, sequence)}``: how the delivery module names a delivery
+    (test-side lookup)."""
+    rows = await pool.fetch(
+        "SELECT delivery_id, stream_pk, sequence FROM workflow_streams.input_deliveries"
+        " WHERE delivery_id = ANY($1::bigint[])",
+        ids,
+    )
+    return {r["delivery_id"]: (r["stream_pk"], r["sequence"]) for r in rows}
+
+
+def _by_stream(keys: dict[int, tuple[int, int]], ids: list[int]) -> dict[int, list[int]]:
+    grouped: dict[int, list[int]] = {}
+    for delivery_id in ids:
+        stream_pk, sequence = keys[delivery_id]
+        grouped.setdefault(stream_pk, []).append(sequence)
+    return grouped
+
+
 async def mark_dead(pool: asyncpg.Pool, ids: list[int], error: str) -> None:
-    await outbox.mark_dead(pool, ids, attempted=ids[0], error=error)
+    """``ids`` dead; the first of them attempted once more."""
+    keys = await _keys(pool, ids)
+    attempted = keys[ids[0]]
+    for stream_pk, sequences in _by_stream(keys, ids).items():
+        await outbox.mark_dead(
+            pool,
+            stream_pk,
+            sequences,
+            attempted=attempted[1] if attempted[0] == stream_pk else 0,
+            error=error,
+        )
 
 
 async def mark_delivered(pool: asyncpg.Pool, ids: list[int]) -> None:
-    await outbox.mark_delivered(pool, ids)
+    keys = await _keys(pool, ids)
+    for stream_pk, sequences in _by_stream(keys, ids).items():
+        await outbox.mark_delivered(pool, stream_pk, sequences)
 
 
 async def mark_retrying(pool: asyncpg.Pool, tenant: str, error: str, delay: float) -> list[int]:
@@ -61,11 +92,12 @@ async def mark_retrying(pool: asyncpg.Pool, tenant: str, error: str, delay: floa
         pool, owner="ops-test", tenant=tenant, lease_seconds=30, max_streams=100, per_stream=1
     )
     ids = []
-    for deliveries in claimed.values():
+    for stream_pk, deliveries in claimed.items():
+        head = deliveries[0]
         await outbox.mark_retrying(
-            pool, deliveries[0].delivery_id, owner="ops-test", error=error, delay=delay
+            pool, stream_pk, head.event.sequence, owner="ops-test", error=error, delay=delay
         )
-        ids.append(deliveries[0].delivery_id)
+        ids.append(head.delivery_id)
     return ids
 
 

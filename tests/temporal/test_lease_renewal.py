@@ -209,16 +209,51 @@ async def test_renewal_extends_only_the_owners_live_leases(
         " WHERE delivery_id = $1",
         ids[0],
     )
-    await outbox.mark_delivered(pool, [ids[1]])
+    # The delivery module names a delivery by its stream and sequence.
+    stream, sequences = ref.stream_pk, [d.event.sequence for d in claimed[ref.stream_pk]]
+    await outbox.mark_delivered(pool, stream, sequences[1:2])
+    held = {stream: sequences}
     async with pool.acquire() as conn:
-        assert await outbox.renew(conn, ids, owner="mine", lease_seconds=5) == {ids[2]}
-        assert await outbox.renew(conn, ids, owner="someone else", lease_seconds=5) == set()
+        renewed = await outbox.renew(conn, held, owner="mine", lease_seconds=5)
+        assert renewed == {stream: {sequences[2]}}
+        taken = await outbox.renew(conn, held, owner="someone else", lease_seconds=5)
+        assert taken == {stream: set()}
+        # Named with another stream, the rows are not found: each statement is its stream's.
+        elsewhere = await outbox.renew(conn, {0: sequences}, owner="mine", lease_seconds=5)
+        assert elsewhere == {0: set()}
     left = await pool.fetchval(
         "SELECT extract(epoch FROM lease_expires_at - now())"
         "  FROM workflow_streams.input_deliveries WHERE delivery_id = $1",
         ids[2],
     )
     assert 4 < float(left) <= 5
+
+
+async def test_one_renewal_renews_each_held_stream_by_its_own_statement(
+    store: Store, pool: asyncpg.Pool
+) -> None:
+    """Several streams, their sequences the same: one call (one statement per stream, in
+    one round trip) renews each stream's rows and says which of them it renewed."""
+    tenant = f"d-{uuid.uuid4().hex[:8]}"
+    refs = [await input_stream(store, tenant, f"run-renew-{i}") for i in range(2)]
+    for ref in refs:
+        await append_inputs(store, ref, [1, 2])
+    claimed = await outbox.claim(
+        pool, owner="mine", tenant=tenant, lease_seconds=30, max_streams=10, per_stream=10
+    )
+    held = {ref.stream_pk: [d.event.sequence for d in claimed[ref.stream_pk]] for ref in refs}
+    assert list(held.values()) == [[1, 2], [1, 2]]
+    await outbox.mark_delivered(pool, refs[1].stream_pk, [1])
+    async with pool.acquire() as conn:
+        renewed = await outbox.renew(conn, held, owner="mine", lease_seconds=5)
+    assert renewed == {refs[0].stream_pk: {1, 2}, refs[1].stream_pk: {2}}
+    left = await pool.fetch(
+        "SELECT stream_pk, sequence, extract(epoch FROM lease_expires_at - now()) AS left"
+        "  FROM workflow_streams.input_deliveries WHERE stream_pk = ANY($1::bigint[])"
+        "   AND lease_owner IS NOT NULL",
+        [ref.stream_pk for ref in refs],
+    )
+    assert len(left) == 3 and all(4 < float(r["left"]) <= 5 for r in left)
 
 
 async def test_a_release_on_stop_wakes_the_other_dispatchers(
@@ -230,14 +265,14 @@ async def test_a_release_on_stop_wakes_the_other_dispatchers(
     claimed = await outbox.claim(
         pool, owner="leaving", tenant=tenant, lease_seconds=30, max_streams=10, per_stream=10
     )
-    ids = [d.delivery_id for d in claimed[ref.stream_pk]]
     heard: list[str] = []
     listener = await asyncpg.connect(database_url)
     try:
         await listener.add_listener("workflow_streams", lambda *args: heard.append(args[3]))
-        assert await outbox.release(pool, ids[:1], owner="leaving") == 1
-        assert await outbox.release(pool, ids, owner="leaving", wake=True) == 1
-        assert await outbox.release(pool, ids, owner="leaving", wake=True) == 0
+        stream, sequences = ref.stream_pk, [d.event.sequence for d in claimed[ref.stream_pk]]
+        assert await outbox.release(pool, stream, sequences[:1], owner="leaving") == 1
+        assert await outbox.release(pool, stream, sequences, owner="leaving", wake=True) == 1
+        assert await outbox.release(pool, stream, sequences, owner="leaving", wake=True) == 0
         await eventually(lambda: asyncio.sleep(0, list(heard)), lambda h: h != [])
         await pool.execute("SELECT pg_notify('workflow_streams', 'end')")
         await eventually(lambda: asyncio.sleep(0, list(heard)), lambda h: h[-1:] == ["end"])

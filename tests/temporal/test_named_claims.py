@@ -225,8 +225,12 @@ def test_a_named_claim_is_the_claim_of_every_stream_but_for_how_it_finds_heads()
     # lease must stay the same.
     everywhere = QUERIES["delivery_claim"].rpartition(" heads AS (")[2]
     named = QUERIES["delivery_claim_stream"].rpartition(" heads AS (")[2]
+    # ... and for its last UPDATE naming the stream as well (one shard: docs/scale.md).
     assert named == everywhere.replace(
         "JOIN workflow_streams.open_delivery_heads l", "JOIN named_head l"
+    ).replace(
+        " WHERE d.delivery_id = batch.delivery_id\n",
+        " WHERE d.delivery_id = batch.delivery_id AND d.stream_pk = $6\n",
     )
     assert "JOIN named_head l" in named
 

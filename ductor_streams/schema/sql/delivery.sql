@@ -55,10 +55,12 @@ RETURNING d.delivery_id, d.stream_pk, d.sequence, d.attempts, d.created_at,
 -- delivery_claim for stream $6 only (a wake named it): its head is one index lookup,
 -- where open_delivery_heads walks every stream with an open delivery, of every tenant,
 -- so its cost grows with them (docs/speed.md, "Named claims"). The rest of the
--- statement is delivery_claim's, word for word (tests/temporal/test_named_claims.py
--- compares them). One stream, not an array of them, and not delivery_claim with a NULL
--- argument: either kept Postgres on custom plans, planned anew at each call, which cost
--- about three times a claim on the generic plan (docs/speed.md, "Named claims").
+-- statement is delivery_claim's, word for word, but for the last UPDATE naming stream $6
+-- beside the batch's ids, so that every table it touches is found by the stream (one
+-- shard under Citus, docs/scale.md; tests/temporal/test_named_claims.py compares them).
+-- One stream, not an array of them, and not delivery_claim with a NULL argument: either
+-- kept Postgres on custom plans, planned anew at each call, which cost about three times
+-- a claim on the generic plan (docs/speed.md, "Named claims").
 WITH named_head AS (
     -- Found without locking, as the view finds heads: locking here with SKIP LOCKED
     -- would pass a head that a concurrent claim holds and take the delivery behind it,
@@ -96,7 +98,7 @@ UPDATE workflow_streams.input_deliveries d
    SET lease_owner = $1,
        lease_expires_at = now() + make_interval(secs => $2)
   FROM batch, workflow_streams.streams s
- WHERE d.delivery_id = batch.delivery_id
+ WHERE d.delivery_id = batch.delivery_id AND d.stream_pk = $6
    AND s.stream_pk = d.stream_pk
    AND d.state IN ('pending', 'retrying')
 RETURNING d.delivery_id, d.stream_pk, d.sequence, d.attempts, d.created_at,
@@ -109,68 +111,94 @@ RETURNING d.delivery_id, d.stream_pk, d.sequence, d.attempts, d.created_at,
             WHERE r.stream_pk = d.stream_pk AND r.sequence = d.sequence) AS appended_at;
 
 -- name: delivery_mark_delivered
--- Whoever sent the signal records it, even if its lease has passed to another owner:
--- the signal was sent, and the helper in the workflow drops the repeat.
+-- Deliveries $1 (sequences) of stream $2 were signalled. Whoever sent the signal records
+-- it, even if its lease has passed to another owner: the signal was sent, and the helper
+-- in the workflow drops the repeat.
+-- This statement and the four after it find a claim's rows by their stream and sequences
+-- (the claim returned both; input_deliveries_record is unique on them), not by
+-- delivery_id: each stays on its stream's shard with the tables distributed by stream
+-- (docs/scale.md). The bounds of the sequences, as well as the list, keep the index's
+-- range narrow on a generic plan too: whose estimate of one stream's open rows is an
+-- average, so with `stream_pk = ` and the list alone it scanned every open row of a stream
+-- with a backlog (12 ms for one row of a stream with 100,000 open, against 0.15 ms).
 UPDATE workflow_streams.input_deliveries
    SET state = 'delivered', delivered_at = now(), attempts = attempts + 1,
        last_error = NULL, lease_owner = NULL, lease_expires_at = NULL
- WHERE delivery_id = ANY($1::bigint[]) AND state IN ('pending', 'retrying');
+ WHERE stream_pk = $2 AND sequence = ANY($1::bigint[])
+   AND sequence BETWEEN (SELECT min(q) FROM unnest($1::bigint[]) q)
+                    AND (SELECT max(q) FROM unnest($1::bigint[]) q)
+   AND state IN ('pending', 'retrying');
 
 -- name: delivery_mark_retrying
--- One failed attempt of delivery $1 by owner $2: back off $4 seconds.
+-- One failed attempt of delivery $1 (a sequence) of stream $5 by owner $2: back off $4
+-- seconds.
 UPDATE workflow_streams.input_deliveries
    SET state = 'retrying', attempts = attempts + 1, last_error = $3,
        next_attempt_at = now() + make_interval(secs => $4),
        lease_owner = NULL, lease_expires_at = NULL
- WHERE delivery_id = $1 AND lease_owner = $2 AND state IN ('pending', 'retrying');
+ WHERE stream_pk = $5 AND sequence = $1 AND lease_owner = $2
+   AND state IN ('pending', 'retrying');
 
 -- name: delivery_mark_dead
--- Deliveries $1 can never succeed (the workflow is gone): visible to operators, who may
--- re-queue them. Only the attempted one ($2) counts an attempt.
+-- Deliveries $1 (sequences) of stream $4 can never succeed (the workflow is gone):
+-- visible to operators, who may re-queue them. Only the attempted one ($2) counts an
+-- attempt.
 UPDATE workflow_streams.input_deliveries
    SET state = 'dead', last_error = $3,
-       attempts = attempts + CASE WHEN delivery_id = $2 THEN 1 ELSE 0 END,
+       attempts = attempts + CASE WHEN sequence = $2 THEN 1 ELSE 0 END,
        lease_owner = NULL, lease_expires_at = NULL
- WHERE delivery_id = ANY($1::bigint[]) AND state IN ('pending', 'retrying');
+ WHERE stream_pk = $4 AND sequence = ANY($1::bigint[])
+   AND sequence BETWEEN (SELECT min(q) FROM unnest($1::bigint[]) q)
+                    AND (SELECT max(q) FROM unnest($1::bigint[]) q)
+   AND state IN ('pending', 'retrying');
 
 -- name: delivery_release
--- Gives back the unattempted rest of a claim (owner $2), untouched otherwise; returns how
--- many rows it gave back. With $3 (a dispatcher stopping, or past its lease guard) and
--- anything given back, it also wakes every dispatcher at commit: wake 'd0' names stream
--- 0, which the hub hands to its any-stream watchers (process/dispatcher.py), so another
--- replica claims the rows at once instead of at its next idle poll.
+-- Gives back the unattempted rest $1 (sequences) of a claim of stream $4 (owner $2),
+-- untouched otherwise; returns how many rows it gave back. With $3 (a dispatcher
+-- stopping, or past its lease guard) and anything given back, it also wakes every
+-- dispatcher at commit: wake 'd0' names stream 0, which the hub hands to its any-stream
+-- watchers (process/dispatcher.py), so another replica claims the rows at once instead of
+-- at its next idle poll.
 WITH released AS (
     UPDATE workflow_streams.input_deliveries
        SET lease_owner = NULL, lease_expires_at = NULL
-     WHERE delivery_id = ANY($1::bigint[]) AND lease_owner = $2
-    RETURNING delivery_id
+     WHERE stream_pk = $4 AND sequence = ANY($1::bigint[])
+       AND sequence BETWEEN (SELECT min(q) FROM unnest($1::bigint[]) q)
+                        AND (SELECT max(q) FROM unnest($1::bigint[]) q)
+       AND lease_owner = $2
+    RETURNING sequence
 )
 SELECT (SELECT count(*) FROM released) AS released,
        (SELECT count(pg_notify('workflow_streams', 'd0'))
           FROM (SELECT 1 FROM released WHERE $3::boolean LIMIT 1) one) AS woken;
 
 -- name: delivery_renew
--- The lease heartbeat (dispatcher.py): owner $2 renews its leases of deliveries $1 for
--- $3 seconds from now, one statement for everything it holds. Only leases that have not
--- run out: a lapsed lease may already be another dispatcher's, and an owner whose
--- renewals stopped has stopped sending before its leases lapse (it sends only within 80%
--- of a lease after its last renewal began). Returns the renewed ids: a held id missing
--- from them is a lease lost, and its claimed stream is never extended again. SKIP LOCKED: a row
--- locked now is being recorded or given back by this owner (it is no longer held, so
--- missing it means nothing) or claimed by another (then it is lost indeed); never wait
--- for, or deadlock with, those statements. Rows found by primary key: O(held rows).
+-- The lease heartbeat (dispatcher.py): owner $2 renews its leases of deliveries $1
+-- (sequences) of stream $4 for $3 seconds from now: one statement per stream it holds,
+-- all of them sent in one round trip (outbox.renew). Only leases that have not run out: a
+-- lapsed lease may already be another dispatcher's, and an owner whose renewals stopped
+-- has stopped sending before its leases lapse (it sends only within 80% of a lease after
+-- its last renewal began). Returns the renewed rows: a held one missing from them is
+-- a lease lost, and its claimed stream is never extended again. SKIP LOCKED: a row locked
+-- now is being recorded or given back by this owner (it is no longer held, so missing it
+-- means nothing) or claimed by another (then it is lost indeed); never wait for, or
+-- deadlock with, those statements. Rows found by their key, within the held range:
+-- O(held rows).
 WITH live AS (
-    SELECT delivery_id
+    SELECT sequence
       FROM workflow_streams.input_deliveries
-     WHERE delivery_id = ANY($1::bigint[]) AND lease_owner = $2
+     WHERE stream_pk = $4 AND sequence = ANY($1::bigint[])
+       AND sequence BETWEEN (SELECT min(q) FROM unnest($1::bigint[]) q)
+                        AND (SELECT max(q) FROM unnest($1::bigint[]) q)
+       AND lease_owner = $2
        AND state IN ('pending', 'retrying') AND lease_expires_at > now()
        FOR UPDATE SKIP LOCKED
 )
 UPDATE workflow_streams.input_deliveries d
    SET lease_expires_at = now() + make_interval(secs => $3)
   FROM live
- WHERE d.delivery_id = live.delivery_id
-RETURNING d.delivery_id;
+ WHERE d.stream_pk = $4 AND d.sequence = live.sequence
+RETURNING d.stream_pk, d.sequence;
 
 -- name: delivery_next_due
 -- Seconds until the earliest stream head of tenant $1 becomes claimable (<= 0: now);

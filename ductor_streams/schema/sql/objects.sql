@@ -60,7 +60,7 @@ WITH intent AS MATERIALIZED (
     UPDATE workflow_streams.object_intents i
        SET state = 'committed', committed_sequence = a.first_sequence, committed_at = now()
       FROM appended a
-     WHERE i.object_id = $1 AND a.outcome = 'appended'
+     WHERE i.object_id = $1 AND i.stream_pk = $2 AND a.outcome = 'appended'
     RETURNING i.committed_sequence
 )
 SELECT a.outcome, a.first_sequence FROM appended a;
