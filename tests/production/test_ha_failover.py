@@ -7,8 +7,10 @@ Every process takes that URI: ``migrate`` (the CLI), ``serve --no-workers``, a
 ``workers`` process (the dispatcher), the Temporal worker's plugin (this process), and
 after the switchover ``prune`` and ``outbox``. The load (tests/support/failover_load.py):
 4 writers appending with ``Idempotency-Key``s, retrying 503 and dropped connections; 20
-SSE subscribers following with ``Last-Event-ID``; an input record every 100 ms to a
-running workflow; ``/readyz`` every 50 ms; each node probed straight every 20 ms.
+SSE subscribers following with ``Last-Event-ID``, 10 of which drop their response once
+the outage has begun and resume with ``Last-Event-ID`` through it; an input record
+every 100 ms to a running workflow; ``/readyz`` every 50 ms; each node probed straight
+every 20 ms.
 
 Two faults, in this order, on one cluster: a planned switchover (``pg_autoctl perform
 switchover``), then an unplanned failover (the primary's keeper stopped, its postmaster
@@ -19,11 +21,20 @@ SIGKILLed: the monitor promotes the standby). Required of each:
 - every append answered 2xx is stored exactly once, at the sequence it was given, and
   its key replays the same answer;
 - every subscriber received every record exactly once, in order, with the content a
-  final read gives (no sequence ever served with two contents);
+  final read gives (no sequence ever served with two contents), the 10 that dropped
+  their response in the gap included, across their resume;
 - every input record reached the workflow exactly once, in order;
 - ``/readyz`` answered 503 while no node took writes and never 200 then, and 200 after;
 - ``serve`` and ``workers`` lived through it; writes answered 2xx again within 5 s of
-  the new primary taking a write (bench/failover.py measures it; bounded loosely here).
+  the new primary taking a write (bench/failover.py measures it; bounded loosely here);
+- ``serve`` counted the promotion in ``ductor_streams_database_identity_changes_total``
+  (the promoted standby has the cluster's system identifier and a new timeline).
+
+Between the two, a provider's failover endpoint (``test_a_failover_endpoint_that_moves``):
+a second ``serve`` whose ``DUCTOR_STREAMS_DATABASE_URL`` names one address, a TCP proxy
+in front of the primary (tests/support/tcp_proxy.py), through another switchover; the
+proxy keeps sending connections to the old primary (now a standby) until the test moves
+it to the new one and resets every connection it had, as a DNS name or virtual IP moves.
 
 ``pytest -s`` prints each fault's figures.
 """
@@ -43,6 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from litestar.testing import AsyncTestClient
@@ -60,6 +72,7 @@ from tests.support.failover_load import API, FailoverLoad, WritableProbe, stream
 from tests.support.live import eventually
 from tests.support.pg_cluster import DATABASE, AutoFailoverCluster
 from tests.support.server import ServerProcess, settings_env
+from tests.support.tcp_proxy import TcpProxy
 from tests.temporal.conftest import TEMPORAL_BIN, strict_runner
 from tests.temporal.support import WorkersProcess
 
@@ -70,6 +83,9 @@ TASK_QUEUE = "ha-failover"
 WRITES_AGAIN_SECONDS = 5.0
 # A readiness answer within this long of a probe's change may be about either side.
 PROBE_MARGIN_SECONDS = 0.1
+# Of the 20 subscribers, how many drop their response in the outage and resume.
+RESUMING = 10
+IDENTITY_CHANGES = "ductor_streams_database_identity_changes_total"
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -153,11 +169,25 @@ async def ha(tmp_path_factory: pytest.TempPathFactory) -> AsyncIterator[HA]:
         await asyncio.to_thread(cluster.destroy)
 
 
-def test_the_cluster_has_a_synchronous_standby(ha: HA) -> None:
+async def test_the_cluster_has_a_synchronous_standby(ha: HA) -> None:
+    # What docs/deploy.md ("Failover and lost commits") says of this cluster: with one
+    # standby, number_sync_standbys is 0 and the healthy standby is synchronous (the
+    # primary waits for its flush before it acknowledges a commit).
     settings = ha.cluster.settings()
     assert settings["number_sync_standbys"] == "0"
-    standby = {"node1": 2, "node2": 1}[ha.cluster.primary().name]
+    primary = ha.cluster.primary()
+    standby = {"node1": 2, "node2": 1}[primary.name]
     assert settings["synchronous_standby_names"] == f"'ANY 1 (pgautofailover_standby_{standby})'"
+    conn = await asyncpg.connect(primary.dsn())
+    try:
+        assert await conn.fetchval("SHOW synchronous_commit") == "on"
+        sync_state = await conn.fetchval(
+            "SELECT sync_state FROM pg_stat_replication WHERE application_name = $1",
+            f"pgautofailover_standby_{standby}",
+        )
+        assert sync_state == "quorum"  # ANY 1 (...): a quorum of one
+    finally:
+        await conn.close()
     hosts = ",".join(f"127.0.0.1:{n.port}" for n in ha.cluster.nodes)
     assert ha.dsn.startswith(f"postgres://postgres@{hosts}/{DATABASE}?")
     assert "target_session_attrs=read-write" in ha.dsn
@@ -247,6 +277,18 @@ class Outcome:
     replay_differences: list[str]
     followed: Followed
     inputs: list[dict[str, Any]]
+    identity_changes: tuple[float, float]  # serve's count before the fault and after
+
+
+async def _identity_changes(http: httpx.AsyncClient) -> float:
+    """``serve``'s count of database identity changes (a scrape also checks the
+    identity, store/identity.py)."""
+    scrape = await http.get("/metrics")
+    assert scrape.status_code == 200, scrape.text
+    for line in scrape.text.splitlines():
+        if line.startswith(IDENTITY_CHANGES + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {IDENTITY_CHANGES} in /metrics")
 
 
 async def _fault_under_load(ha: HA, fault: str) -> Outcome:
@@ -256,7 +298,7 @@ async def _fault_under_load(ha: HA, fault: str) -> Outcome:
     handle = await ha.client.start_workflow(
         FollowInputWorkflow.run, "input", id=run_id, task_queue=TASK_QUEUE
     )
-    load = FailoverLoad(ha.server.url, ha.headers, run_id, input_stream="input")
+    load = FailoverLoad(ha.server.url, ha.headers, run_id, input_stream="input", resuming=RESUMING)
 
     async def input_stream_exists() -> bool:
         r = await load.http.get(stream_path(run_id, "input"))
@@ -276,6 +318,7 @@ async def _fault_under_load(ha: HA, fault: str) -> Outcome:
             ),
             what="steady load before the fault",
         )
+        identity_before = await _identity_changes(load.http)
         fault_at = time.monotonic()
         if fault == "switchover":
             await asyncio.to_thread(ha.cluster.switchover)
@@ -305,9 +348,11 @@ async def _fault_under_load(ha: HA, fault: str) -> Outcome:
         records = await load.read_all()
         replay_differences = await load.replays()
         inputs = await load.read_all("input")
+        identity = (identity_before, await _identity_changes(load.http))
         return Outcome(
-            load, fault_at, writable_at, lost_at, records, replay_differences, followed, inputs
-        )
+            load, fault_at, writable_at, lost_at, records, replay_differences, followed,
+            inputs, identity,
+        )  # fmt: skip
     finally:
         for probe in probes.values():
             await probe.stop()
@@ -329,21 +374,8 @@ def _check(ha: HA, outcome: Outcome, fault: str) -> None:
     # No 500, and every 5xx the outage's 503 (subscribes included).
     assert load.broken == []
     assert 500 not in statuses
-
-    # Every acked append stored exactly once, at its sequence; nothing else stored.
-    by_key = {(r["payload"]["w"], r["payload"]["n"]): r["sequence"] for r in outcome.records}
-    assert len(by_key) == len(outcome.records)  # no payload twice
-    acked = {
-        (int(key[1:].split("-")[0]), int(key.split("-")[1])): body["first_sequence"]
-        for key, (_, body) in load.acked.items()
-    }
-    assert by_key == acked
-    assert [r["sequence"] for r in outcome.records] == list(range(1, len(outcome.records) + 1))
-    assert outcome.replay_differences == []
-
-    # Every subscriber: every record once, in order, as the final read has it.
-    for subscriber in load.subscribers:
-        assert subscriber.records == outcome.records
+    _stored_once_and_followed(load, outcome.records, outcome.replay_differences)
+    assert load.outage_seen_at is not None and load.outage_seen_at >= outcome.fault_at
 
     # Every input once, in order, to the workflow; none stored twice.
     numbers = list(range(len(load.inputs_acked)))
@@ -364,6 +396,39 @@ def _check(ha: HA, outcome: Outcome, fault: str) -> None:
     # The processes lived through it.
     assert ha.server.process is not None and ha.server.process.poll() is None
     assert ha.workers.process.poll() is None
+    # And serve counted the promotion (a new timeline of the same cluster).
+    before, after = outcome.identity_changes
+    assert after > before, outcome.identity_changes
+
+
+def _stored_once_and_followed(
+    load: FailoverLoad, records: list[dict[str, Any]], replay_differences: list[str]
+) -> None:
+    """Every acked append stored exactly once at its sequence, nothing else stored,
+    every key replaying its answer; every subscriber got every record once, in order,
+    as ``records`` (the final read) has it, and the resuming ones did resume, with
+    ``Last-Event-ID``, after dropping their response in the outage."""
+    by_key = {(r["payload"]["w"], r["payload"]["n"]): r["sequence"] for r in records}
+    assert len(by_key) == len(records)  # no payload twice
+    acked = {
+        (int(key[1:].split("-")[0]), int(key.split("-")[1])): body["first_sequence"]
+        for key, (_, body) in load.acked.items()
+    }
+    assert by_key == acked
+    assert [r["sequence"] for r in records] == list(range(1, len(records) + 1))
+    assert replay_differences == []
+
+    for subscriber in load.subscribers:
+        assert subscriber.records == records
+    resuming = [s for s in load.subscribers if s.drop is not None]
+    assert resuming
+    for subscriber in resuming:
+        # Dropped in the gap, after records of its own; its first resume asked for
+        # what came after them (a resume that ignored Last-Event-ID would have given
+        # those records twice, and the equality above would fail).
+        assert subscriber.dropped_after is not None and subscriber.dropped_after > 0
+        assert subscriber.resumed_from[:1] == [subscriber.dropped_after]
+        assert subscriber.responses >= 2
 
 
 async def test_planned_switchover_under_load(ha: HA) -> None:
@@ -380,6 +445,79 @@ async def test_the_commands_follow_the_primary(ha: HA) -> None:
         done = _cli(ha.dsn, *args)
         assert done.returncode == 0, (args, done.stdout, done.stderr)
     assert "migrations are current" in _cli(ha.dsn, "migrate").stdout
+
+
+async def test_a_failover_endpoint_that_moves(ha: HA, tmp_path: Path) -> None:
+    """One address in front of the primary (a provider's DNS name or virtual IP), a
+    switchover behind it, then the address moved to the new primary with every old
+    connection reset. Until the move only 503s; after it, 2xx again; nothing
+    acknowledged lost; two of four subscribers resume across the gap."""
+    await asyncio.to_thread(ha.cluster.wait_stable)
+    old, new = ha.cluster.primary(), ha.cluster.standby()
+    run_id = f"ha-endpoint-{uuid.uuid4().hex[:8]}"
+    with TcpProxy(("127.0.0.1", old.port)) as endpoint:
+        settings = ha.settings.with_overrides(database_url=endpoint.dsn(DATABASE))
+        with ServerProcess(settings, log_path=tmp_path / "serve.log") as server:
+            load = FailoverLoad(
+                server.url, ha.headers, run_id, writers=2, subscribers=4, resuming=2
+            )
+            try:
+                await load.start()
+                await eventually(
+                    lambda: len(load.acked) >= 30 and all(s.records for s in load.subscribers),
+                    what="steady load before the switchover",
+                )
+                identity_before = await _identity_changes(load.http)
+                switch_began = time.monotonic()
+                await asyncio.to_thread(ha.cluster.switchover)
+                switched_at = time.monotonic()
+                # The endpoint still names the old primary, a standby now: writes
+                # through it answer 503 (25006, or refused while it restarted).
+                await eventually(
+                    lambda: any(
+                        a.started > switched_at and a.status == 503 for a in load.appends()
+                    ),
+                    what="a 503 from the endpoint on the old primary",
+                )
+                moved_at = time.monotonic()
+                reset = endpoint.move(("127.0.0.1", new.port))
+                await eventually(
+                    lambda: (
+                        sum(1 for a in load.appends() if a.started > moved_at and a.status == 201)
+                        >= 30
+                    ),
+                    timeout=60,
+                    what="appends after the endpoint moved",
+                )
+                await load.stop()
+                records = await load.read_all()
+                replay_differences = await load.replays()
+                identity_after = await _identity_changes(load.http)
+            finally:
+                await load.close()
+            alive = server.process is not None and server.process.poll() is None
+    statuses = Counter(a.status for a in load.appends())
+    print(
+        f"\nendpoint moved: append answers {dict(statuses)}, transport errors "
+        f"{dict(load.transport_errors)}, connections reset by the move {reset}, "
+        f"subscriber responses {sum(s.responses for s in load.subscribers)}"
+    )
+    # Only the outage's 503 (with Retry-After), never a 500, subscribes included.
+    assert load.broken == []
+    assert 500 not in statuses and statuses[503] > 0
+    # Nothing was written through the endpoint while it named the old primary.
+    stale = [a for a in load.appends() if a.started > switched_at and a.ended < moved_at]
+    assert [a for a in stale if a.status is not None and a.status < 300] == []
+    # The gap began with the switchover, and the resuming followers dropped in it.
+    assert load.outage_seen_at is not None and load.outage_seen_at > switch_began
+    _stored_once_and_followed(load, records, replay_differences)
+    assert load.readyz()[-1].status == 200
+    assert identity_after > identity_before
+    assert alive
+    text = (tmp_path / "serve.log").read_text(errors="replace")
+    assert "Traceback" not in text, text[-3000:]
+    entries = [json.loads(line) for line in text.splitlines() if line.startswith("{")]
+    assert not [e for e in entries if e["level"] in ("ERROR", "CRITICAL")], text[-3000:]
 
 
 async def test_primary_killed_under_load(ha: HA) -> None:

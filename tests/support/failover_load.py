@@ -5,7 +5,10 @@ it saw: for tests/production/test_ha_failover.py and bench/failover.py.
   the same key (after ``retry_delay``) on a 503 or a dropped connection until it is
   answered 2xx;
 - subscribers follow the stream over SSE from its start and, whenever a response ends
-  or fails, resume with ``Last-Event-ID``;
+  or fails, resume with ``Last-Event-ID``; the first ``resuming`` of them also drop
+  their response themselves once the outage has begun (the first append answered 503),
+  as a client whose connection broke in the gap, and resume with ``Last-Event-ID``
+  through the outage (its 503s included) to the end;
 - an optional input feeder appends one record to a workflow's input stream every
   ``input_every`` seconds (keyed and retried likewise);
 - ``/readyz`` is polled every 50 ms;
@@ -30,7 +33,7 @@ from typing import Any
 
 import asyncpg
 import httpx
-from httpx_sse import aconnect_sse
+from httpx_sse import EventSource, aconnect_sse
 
 API = "/api/workflow-streams"
 
@@ -79,6 +82,10 @@ class Subscriber:
     responses: int = 0
     refused: Counter[int] = field(default_factory=Counter)  # subscribe answered non-200
     failures: Counter[str] = field(default_factory=Counter)  # responses that broke off
+    # Set for a follower that drops its response once the outage begins (``resuming``).
+    drop: asyncio.Event | None = None
+    dropped_after: int | None = None  # the sequence it had when it dropped its response
+    resumed_from: list[int] = field(default_factory=list)  # Last-Event-ID of each resume
 
     @property
     def last(self) -> int:
@@ -176,6 +183,7 @@ class FailoverLoad:
         *,
         writers: int = 4,
         subscribers: int = 20,
+        resuming: int = 0,
         input_stream: str | None = None,
         input_every: float = 0.1,
         pace: float = 0.01,
@@ -197,6 +205,9 @@ class FailoverLoad:
         self.bodies: dict[str, dict[str, Any]] = {}  # key -> the body sent
         self.inputs_acked: list[int] = []  # input numbers, in the order they were acked
         self.subscribers = [Subscriber() for _ in range(subscribers)]
+        for subscriber in self.subscribers[:resuming]:
+            subscriber.drop = asyncio.Event()
+        self.outage_seen_at: float | None = None  # the first append answered 503
         self._stop = asyncio.Event()
         self._stop_inputs = asyncio.Event()
         self._follow_until: int | None = None
@@ -233,6 +244,7 @@ class FailoverLoad:
         await asyncio.gather(*self._tasks)
         latest = max((body["last_sequence"] for _, body in self.acked.values()), default=0)
         self._follow_until = latest
+        self._followed.set()  # followers that have it already, waiting for more, are done
         done, pending = await asyncio.wait(self._followers, timeout=timeout)
         for task in pending:
             task.cancel()
@@ -259,6 +271,12 @@ class FailoverLoad:
             self.answers.append(Answer(kind, started, time.monotonic(), None))
             return None
         self.answers.append(Answer(kind, started, time.monotonic(), response.status_code))
+        if response.status_code == 503 and kind == "append" and self.outage_seen_at is None:
+            # The outage has begun: the resuming followers drop their responses now.
+            self.outage_seen_at = time.monotonic()
+            for subscriber in self.subscribers:
+                if subscriber.drop is not None:
+                    subscriber.drop.set()
         broken = contract_break(response)
         if broken is not None:
             self.broken.append(f"{kind}: {broken}")
@@ -324,6 +342,8 @@ class FailoverLoad:
                 headers = dict(self.headers)
                 if got.records:
                     headers["Last-Event-ID"] = str(got.last)
+                    if got.dropped_after is not None:
+                        got.resumed_from.append(got.last)
                 try:
                     async with aconnect_sse(client, "GET", path, headers=headers) as source:
                         if source.response.status_code != 200:
@@ -335,14 +355,51 @@ class FailoverLoad:
                             await asyncio.sleep(self.retry_delay)
                             continue
                         got.responses += 1
-                        async for event in source.aiter_sse():
-                            if event.event == "record":
-                                got.records.append(json.loads(event.data))
-                            if self._follow_until is not None and got.last >= self._follow_until:
-                                return
+                        if await self._read_events(source, got):
+                            return
                 except httpx.HTTPError as exc:
                     got.failures[type(exc).__name__] += 1
                 await asyncio.sleep(self.retry_delay)
+
+    async def _read_events(self, source: EventSource, got: Subscriber) -> bool:
+        """Take one response's records until it ends (False) or the follower has the
+        load's last record (True: also when it had it already as ``stop`` named it, for
+        no event may come after it). A resuming follower leaves the response once the
+        outage has begun (its connection closed on the way out): False."""
+
+        async def read() -> bool:
+            async for event in source.aiter_sse():
+                if event.event == "record":
+                    got.records.append(json.loads(event.data))
+                if self._follow_until is not None and got.last >= self._follow_until:
+                    return True
+            return False
+
+        reading = asyncio.ensure_future(read())
+        try:
+            while True:
+                waits: list[asyncio.Future[Any]] = []
+                if got.drop is not None and got.dropped_after is None:
+                    waits.append(asyncio.ensure_future(got.drop.wait()))
+                if not self._followed.is_set():
+                    waits.append(asyncio.ensure_future(self._followed.wait()))
+                try:
+                    await asyncio.wait({reading, *waits}, return_when=asyncio.FIRST_COMPLETED)
+                finally:
+                    for wait in waits:
+                        wait.cancel()
+                if reading.done():
+                    return reading.result()
+                if self._follow_until is not None and got.last >= self._follow_until:
+                    return True
+                if got.drop is not None and got.drop.is_set() and got.dropped_after is None:
+                    got.dropped_after = got.last
+                    return False
+        finally:
+            if not reading.done():
+                reading.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await reading
 
     # -- reading ----------------------------------------------------------------------
 
