@@ -30,6 +30,7 @@ from tests.support.postgres import (
     make_template,
     start_test_database,
 )
+from tests.support.run_image import remove_run_image
 from tests.support.tiers import FAST, TIERS, Reader, forbid_processes
 
 JWT_SECRET = "test-secret-" + "x" * 32
@@ -54,6 +55,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # them to copy (tests/support/postgres.py); its workers inherit the variable.
     server_dsn = os.environ.get("DUCTOR_STREAMS_TEST_DATABASE_URL")
     workers = getattr(config.option, "numprocesses", None)
+    if workers and not hasattr(config, "workerinput") and not config.option.collectonly:
+        # The run id the workers get (PYTEST_XDIST_TESTRUNUID), known here too, so that
+        # the image they share (tests/deploy/conftest.py) is removed once all are done.
+        if config.getoption("testrunuid", None) is None:
+            config.option.testrunuid = uuid.uuid4().hex
     if server_dsn and workers and not hasattr(config, "workerinput"):
         if not config.option.collectonly and TEMPLATE_ENV not in os.environ:
             os.environ[TEMPLATE_ENV] = make_template(server_dsn)
@@ -156,6 +162,9 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     server_dsn = os.environ.get("DUCTOR_STREAMS_TEST_DATABASE_URL")
     if server_dsn and not hasattr(session.config, "workerinput"):
         drop_template(server_dsn)
+    run = session.config.getoption("testrunuid", None)
+    if run and not hasattr(session.config, "workerinput"):
+        remove_run_image(run)  # every worker is done by now
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
