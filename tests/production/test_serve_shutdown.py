@@ -1,7 +1,8 @@
 """SIGTERM to one of two ``serve`` replicas under 16 writers and 100 SSE subscribers:
-it exits within its 10 s budget, every in-flight append is answered (or retried on the
-other replica with its Idempotency-Key), and every subscriber, told to reconnect,
-resumes on the other replica and sees each record exactly once."""
+it exits by draining, not by its shutdown budget running out; every in-flight append
+is answered (or retried on the other replica with its Idempotency-Key), and every
+subscriber, told to reconnect, resumes on the other replica and sees each record
+exactly once."""
 
 from __future__ import annotations
 
@@ -13,11 +14,12 @@ import pytest
 from ductor_streams.auth import issue_token
 from ductor_streams.config import Settings
 from tests.conftest import JWT_SECRET
+from tests.deploy.helpers import FORCED_SHUTDOWN
 from tests.support.shutdown import run_scenario
 
 
 @pytest.mark.timeout(240)
-async def test_sigterm_drains_sse_answers_appends_and_exits_in_time(
+async def test_sigterm_drains_sse_answers_appends_and_exits_by_draining(
     settings: Settings, tenant: str, tmp_path: Path
 ) -> None:
     token = issue_token(
@@ -33,7 +35,9 @@ async def test_sigterm_drains_sse_answers_appends_and_exits_in_time(
     # uvicorn re-raises the signal it handled once it has shut down, as a process
     # without a handler would end: killed by SIGTERM (exit status 143 in a shell).
     assert result.exit_code == -signal.SIGTERM
-    assert result.exit_seconds < 10.0
+    # It exited by draining: uvicorn's forced end, when requests outlive the shutdown
+    # budget, is logged, and is not in A's log. (A hang fails the scenario's 30 s wait.)
+    assert FORCED_SHUTDOWN not in (tmp_path / "a.log").read_text()
     # Nothing acknowledged is lost, nothing is stored twice, nothing unacknowledged
     # slipped in (each writer retried its request until one replica answered it).
     assert result.duplicates_stored == 0
