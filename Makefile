@@ -51,11 +51,14 @@ lint: install
 test-tools:
 	scripts/test-tools
 
-# The whole suite on every core (pytest-xdist): one worker per core, each with its own
-# copy of one migrated database; a file's tests run on one worker, in order (module
-# fixtures such as a private cluster carry state from test to test).
+# The whole suite on every core (pytest-xdist); a file's tests run on one worker, in
+# order (module fixtures such as a private cluster carry state from test to test).
+# With DUCTOR_STREAMS_TEST_DATABASE_URL, one worker per core, each with its own copy of
+# one migrated database on that server (whose connections they share). Without it each
+# worker starts an embedded Postgres of its own, and there is one worker more than cores:
+# a third of the suite's time is spent waiting on processes it started.
 # `make test PYTEST_WORKERS=0` runs it in one process.
-PYTEST_WORKERS ?= auto
+PYTEST_WORKERS ?= $(if $(DUCTOR_STREAMS_TEST_DATABASE_URL),auto,$(shell echo $$(( $$(nproc) + 1 ))))
 test: lint test-tools
 	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
