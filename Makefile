@@ -20,10 +20,12 @@ $(UV):
 	$(TOOLS)/bin/pip install --quiet uv==$(UV_VERSION)
 
 # Every extra (runtime, gcs, client, dev, test, profile): the development venv. The
-# venv is made by Python's own venv module, so it keeps pip for ad-hoc installs.
+# venv is made by Python's own venv module, so it keeps pip for ad-hoc installs. Its
+# modules are compiled once here: otherwise the first processes of a test run (several
+# workers, each starting servers) each compile them again, two minutes of CPU.
 $(BIN)/ductor-streams: pyproject.toml uv.lock | $(UV)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(UV) sync --locked --all-extras
+	$(UV) sync --locked --all-extras --compile-bytecode
 	touch $@
 
 install: $(BIN)/ductor-streams
