@@ -25,7 +25,7 @@ from ductor_streams.config import Settings
 from tests.conftest import API, JWT_SECRET
 from tests.support.objects import ObjectApi
 from tests.support.server import ServerProcess
-from tests.support.stalled import metric, open_stalled
+from tests.support.stalled import StalledReader, metric, open_stalled
 from tests.temporal.polling import eventually
 
 MAX_READS = 2
@@ -86,6 +86,28 @@ async def _stream(client: httpx.AsyncClient, token: str, run_id: str, payload: s
     assert appended.status_code == 201, appended.text
 
 
+async def _artifact(client: httpx.AsyncClient, headers: dict[str, str], run_id: str) -> str:
+    """A stream ``artifacts`` with one small object; its download path."""
+    created = await client.post(
+        f"{API}/runs/{run_id}/streams",
+        json={"stream_id": "artifacts", "direction": "output"},
+        headers=headers,
+    )
+    assert created.status_code == 201, created.text
+    object_id, _ = await ObjectApi(client, headers, run_id).put_object(b"object bytes")
+    return f"{API}/runs/{run_id}/streams/artifacts/objects/{object_id}/content"
+
+
+async def _stall_every_slot(server: ServerProcess, records: str, token: str) -> list[StalledReader]:
+    """``MAX_READS`` readers of ``records`` (a 12 MB page) that take the head and stop."""
+    stalled = [
+        await open_stalled(server.port, f"{records}?limit={RECORDS}", token)
+        for _ in range(MAX_READS)
+    ]
+    assert [r.status for r in stalled] == [200] * MAX_READS
+    return stalled
+
+
 @pytest.mark.timeout(300)
 async def test_a_tenant_past_its_reads_gets_429_while_another_reads(
     limited_server: ServerProcess, tenant: str, run_id: str
@@ -99,20 +121,8 @@ async def test_a_tenant_past_its_reads_gets_429_while_another_reads(
     async with httpx.AsyncClient(base_url=limited_server.url, timeout=60) as client:
         await _stream(client, token_a, run_id, PAYLOAD)
         await _stream(client, token_b, run_id, "small")
-        created = await client.post(
-            f"{API}/runs/{run_id}/streams",
-            json={"stream_id": "artifacts", "direction": "output"},
-            headers=a,
-        )
-        assert created.status_code == 201, created.text
-        object_id, _ = await ObjectApi(client, a, run_id).put_object(b"object bytes")
-        download = f"{API}/runs/{run_id}/streams/artifacts/objects/{object_id}/content"
-
-        stalled = [
-            await open_stalled(limited_server.port, f"{records}?limit={RECORDS}", token_a)
-            for _ in range(MAX_READS)
-        ]
-        assert [r.status for r in stalled] == [200] * MAX_READS
+        download = await _artifact(client, a, run_id)
+        stalled = await _stall_every_slot(limited_server, records, token_a)
 
         refused_before = await metric(client, REFUSED)
         # A's reads past its cap, all at once: each waits, then 429.
@@ -177,19 +187,8 @@ async def test_a_read_waiting_for_a_slot_stops_when_its_client_goes(
     ds = f"{API}/runs/{run_id}/ds/v1/stream/s"
     async with httpx.AsyncClient(base_url=patient_server.url, timeout=60) as client:
         await _stream(client, token, run_id, PAYLOAD)
-        created = await client.post(
-            f"{API}/runs/{run_id}/streams",
-            json={"stream_id": "artifacts", "direction": "output"},
-            headers=a,
-        )
-        assert created.status_code == 201, created.text
-        object_id, _ = await ObjectApi(client, a, run_id).put_object(b"object bytes")
-        download = f"{API}/runs/{run_id}/streams/artifacts/objects/{object_id}/content"
-        stalled = [
-            await open_stalled(patient_server.port, f"{records}?limit={RECORDS}", token)
-            for _ in range(MAX_READS)
-        ]
-        assert [r.status for r in stalled] == [200] * MAX_READS
+        download = await _artifact(client, a, run_id)
+        stalled = await _stall_every_slot(patient_server, records, token)
         refused_before = await metric(client, REFUSED)
         gone_before = await metric(client, SLOT_WAITS_ABANDONED)
 
