@@ -373,16 +373,6 @@ async def test_a_key_stored_meanwhile_by_another_transaction_is_replayed(
     assert await stored_log(pool, other) == {1: '"beside"'}
 
 
-async def _pages(pool: asyncpg.Pool, pks: list[int]) -> list[tuple[int, int]]:
-    """Each stream's row: its stream_pk and the page its current version is on."""
-    rows = await pool.fetch(
-        "SELECT stream_pk, (ctid::text::point)[0]::bigint AS page FROM workflow_streams.streams"
-        " WHERE stream_pk = ANY ($1) ORDER BY stream_pk",
-        pks,
-    )
-    return [(r["stream_pk"], r["page"]) for r in rows]
-
-
 @pytest.fixture
 async def quiet_pool(test_database: TestDatabase) -> AsyncIterator[asyncpg.Pool]:
     """A pool on a database of its own that nothing else uses.
@@ -419,18 +409,25 @@ async def test_the_rows_a_statement_moves_stay_on_their_pages(quiet_pool: asyncp
     # One UPDATE moves every stream of a several-stream statement. The
     # new versions of its rows must fit on their pages beside the old ones (HOT updates:
     # no index entries, the table keeps its size); with the default fillfactor 44% of
-    # them left their page and the table grew by a page every few statements.
+    # them left their page and the table grew by a page every few statements. Counted
+    # by Postgres itself (n_tup_hot_upd): a HOT update can still miss now and then when
+    # the page is pinned by another process (the checkpointer writing it) just as it
+    # would be pruned, which on a loaded machine moved a few rows of 4,800.
     pool = quiet_pool
     store = Store(pool)
     pks = sorted([(await make_stream(store)).stream_pk for _ in range(16)])
-    before = await _pages(pool, pks)
     statement = QUERIES["records_append_stream_groups"]
     async with pool.acquire() as conn:
+        updated_before, hot_before = await _updates(conn)
         for n in range(300):
             arguments = statement_arguments([encode_batch([n])] * 16)
             rows = await conn.fetch(statement, pks, [1] * 16, [1] * 16, *arguments, False, None)
             assert [r["outcome"] for r in rows] == ["appended"] * 16
-    assert await _pages(pool, pks) == before
+        updated, hot = await _updates(conn)
+    assert updated - updated_before == 300 * 16
+    left_their_page = (updated - updated_before) - (hot - hot_before)
+    # At most 0.5%: here 0 on most runs; with Postgres's default fillfactor (100), 77.
+    assert left_their_page <= 300 * 16 // 200, left_their_page
     assert (
         await pool.fetchval(
             "SELECT array_agg(latest_sequence) FROM workflow_streams.streams"
@@ -439,6 +436,19 @@ async def test_the_rows_a_statement_moves_stay_on_their_pages(quiet_pool: asyncp
         )
         == [300] * 16
     )
+
+
+async def _updates(conn: asyncpg.Connection) -> tuple[int, int]:
+    """The streams table's updates so far and how many of them were HOT (this
+    connection's counts flushed first)."""
+    await conn.execute("SELECT pg_stat_force_next_flush()")
+    await conn.execute("SELECT pg_stat_clear_snapshot()")
+    row = await conn.fetchrow(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables"
+        " WHERE relid = 'workflow_streams.streams'::regclass"
+    )
+    assert row is not None
+    return int(row["n_tup_upd"]), int(row["n_tup_hot_upd"])
 
 
 async def test_a_connections_first_small_statements_leave_it_generic_plans(
