@@ -150,6 +150,20 @@ async def raw_request(
     return reader, writer
 
 
+async def post_big(
+    port: int, run_id: str, sid: str, headers: dict[str, str], body: bytes
+) -> asyncio.StreamWriter:
+    """``body`` appended to ``sid`` from a socket of its own; the caller closes it."""
+    _, writer = await raw_request(
+        port,
+        "POST",
+        records_url(run_id, sid),
+        {**headers, "Content-Type": "application/json"},
+        body,
+    )
+    return writer
+
+
 async def hang_up(writer: asyncio.StreamWriter) -> None:
     writer.close()
     await writer.wait_closed()
@@ -217,13 +231,7 @@ async def test_an_abandoned_blocking_append_stops_and_is_never_appended(
     sid = await full_stream(http, headers, run_id)
     before = await scrape(http)
     temp_before = await temp_bytes(pool)
-    _, writer = await raw_request(
-        gone_server.port,
-        "POST",
-        records_url(run_id, sid),
-        {**headers, "Content-Type": "application/json"},
-        big_body,
-    )
+    writer = await post_big(gone_server.port, run_id, sid, headers, big_body)
     waiting = await eventually(
         lambda: scrape(http), lambda m: m[WAITING] == 1, timeout=60, what="the append waits"
     )
@@ -293,13 +301,7 @@ async def test_an_append_whose_caller_goes_while_it_is_queued_is_never_sent(
             await eventually(
                 lambda: active_appends(pool), lambda q: len(q) == 1, what="first statement"
             )
-            _, writer = await raw_request(
-                gone_server.port,
-                "POST",
-                records_url(run_id, sid),
-                {**headers, "Content-Type": "application/json"},
-                big_body,
-            )
+            writer = await post_big(gone_server.port, run_id, sid, headers, big_body)
             await hang_up(writer)
             await eventually(
                 lambda: scrape(http),
@@ -365,13 +367,7 @@ async def test_another_tenants_appends_go_on_and_memory_comes_back(
         rss_before = rss_mib(pid)
         writers = []
         for _ in range(WAITERS):
-            _, writer = await raw_request(
-                lone_server.port,
-                "POST",
-                records_url(run_id, sid),
-                {**headers, "Content-Type": "application/json"},
-                big_body,
-            )
+            writer = await post_big(lone_server.port, run_id, sid, headers, big_body)
             writers.append(writer)
         await eventually(
             lambda: scrape(http),

@@ -108,6 +108,24 @@ async def _stall_every_slot(server: ServerProcess, records: str, token: str) -> 
     return stalled
 
 
+async def _release_and_read_again(
+    client: httpx.AsyncClient,
+    stalled: list[StalledReader],
+    records: str,
+    headers: dict[str, str],
+) -> None:
+    """The stalled readers go away; the tenant's next read is answered 200."""
+    for reader in stalled:
+        reader.close()
+    again = await eventually(
+        lambda: client.get(records, params={"limit": 1}, headers=headers),
+        lambda answer: answer.status_code == 200,
+        timeout=30,
+        what="tenant A reading again",
+    )
+    assert again.json()["records"][0]["payload"] == PAYLOAD
+
+
 @pytest.mark.timeout(300)
 async def test_a_tenant_past_its_reads_gets_429_while_another_reads(
     limited_server: ServerProcess, tenant: str, run_id: str
@@ -155,15 +173,7 @@ async def test_a_tenant_past_its_reads_gets_429_while_another_reads(
         assert await metric(client, REFUSED) - refused_before == 6
 
         # A's stalled readers go away: their slots come back.
-        for reader in stalled:
-            reader.close()
-        again = await eventually(
-            lambda: client.get(records, params={"limit": 1}, headers=a),
-            lambda answer: answer.status_code == 200,
-            timeout=30,
-            what="tenant A reading again",
-        )
-        assert again.json()["records"][0]["payload"] == PAYLOAD
+        await _release_and_read_again(client, stalled, records, a)
         assert (await client.get(download, headers=a)).content == b"object bytes"
 
 
@@ -209,14 +219,6 @@ async def test_a_read_waiting_for_a_slot_stops_when_its_client_goes(
         assert await metric(client, REFUSED) == refused_before
 
         # The slots the stalled readers give back go to nobody who left: a new read
-        # of A takes one at once.
-        for reader in stalled:
-            reader.close()
-        again = await eventually(
-            lambda: client.get(records, params={"limit": 1}, headers=a),
-            lambda answer: answer.status_code == 200,
-            timeout=30,
-            what="tenant A reading again",
-        )
-        assert again.json()["records"][0]["payload"] == PAYLOAD
+        # of A takes one.
+        await _release_and_read_again(client, stalled, records, a)
         assert await metric(client, REFUSED) == refused_before
