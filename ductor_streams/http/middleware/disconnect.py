@@ -27,8 +27,9 @@ async def disconnected(receive: Receive) -> None:
 
 
 def caller_gone(receive: Receive) -> CallerGone:
-    """What a store wait takes as ``caller_gone``. Called only once the wait starts, so
-    a request that never waits never reads ``receive`` again."""
+    """What a store wait takes as ``caller_gone``. Called only once a watch starts (a
+    wait, or a large or ``block`` append's first attempt), so a request that is never
+    watched never reads ``receive`` again."""
     return lambda: disconnected(receive)
 
 

@@ -111,8 +111,9 @@ async def create(request: Request) -> Reply:
         "Cache-Control": "no-store",
     }
     if created:
-        # From DUCTOR_STREAMS_PUBLIC_URL, or the checked Host (http/middleware/host.py): the
-        # protocol's clients want an absolute URL.
+        # From DUCTOR_STREAMS_PUBLIC_URL, or the address the connection arrived at, never
+        # the request's Host (http/middleware/host.py): the protocol's clients want an
+        # absolute URL.
         headers["Location"] = location_url(settings, request.scope, request.path)
     if head.closed:
         headers["Stream-Closed"] = "true"
