@@ -62,7 +62,7 @@ test-tools:
 # `make test PYTEST_WORKERS=0` runs it in one process.
 PYTEST_WORKERS ?= $(if $(DUCTOR_STREAMS_TEST_DATABASE_URL),auto,$(shell echo $$(( $$(nproc) + 1 ))))
 test: lint test-tools
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The inner loop: the `fast` tier only (tests/support/tiers.py), which starts no process
 # but the tests' Postgres; prints how many of all the tests it ran.

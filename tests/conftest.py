@@ -7,6 +7,7 @@ import os
 import secrets
 import sys
 import uuid
+from collections import Counter
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from ductor_streams.runtime import Runtime, open_runtime
 from ductor_streams.schema.migrate import migrate
 from ductor_streams.store import Store
 from ductor_streams.store.db import create_pool
+from tests.deploy.engine import usable_engine
 from tests.support.postgres import (
     TEMPLATE_ENV,
     TestDatabase,
@@ -30,7 +32,7 @@ from tests.support.postgres import (
     make_template,
     start_test_database,
 )
-from tests.support.run_image import remove_run_image
+from tests.support.run_image import build_dir, remove_run_image, start_prebuild
 from tests.support.tiers import FAST, TIERS, Reader, forbid_processes
 
 JWT_SECRET = "test-secret-" + "x" * 32
@@ -95,12 +97,21 @@ def pytest_itemcollected(item: pytest.Item) -> None:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _counts["collected"] = len(items)
     if hasattr(config, "workerinput"):
-        # Under pytest-xdist (`--dist loadfile`: a file's tests on one worker, in order,
-        # as its module fixtures need), the files with image builds or private clusters
-        # are the longest chains: handed out first, they run beside the rest instead of
-        # after it. (One process keeps the collection's order.)
-        long = {item.path for item in items if any(item.get_closest_marker(t) for t in LONG)}
-        items.sort(key=lambda item: item.path not in long)
+        # Under pytest-xdist (`--dist loadfile --no-loadscope-reorder`: a file's tests on
+        # one worker, in order, as its module fixtures need; files handed out in this
+        # order) the files with private clusters, the longest chains, go first, to run
+        # beside the rest instead of after it; then the others, most tests first; the
+        # image tests last, when the image builder started at collection is done.
+        per_file = Counter(item.path for item in items)
+        first = {item.path for item in items if item.get_closest_marker(FIRST)}
+        last = {item.path for item in items if item.get_closest_marker(LAST)}
+        items.sort(
+            key=lambda item: (
+                (item.path in last) - (item.path in first),
+                -per_file[item.path],
+                str(item.path),
+            )
+        )
 
 
 # How many tests were collected and how many selected (`make test-fast` prints both).
@@ -112,6 +123,22 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     workeroutput = getattr(session.config, "workeroutput", None)
     if workeroutput is not None:  # a worker of pytest-xdist tells its controller
         workeroutput["tier_counts"] = dict(_counts)
+        run = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+        if run and not session.config.option.collectonly:
+            start_image_builds(run, session.items)
+
+
+def start_image_builds(run: str, items: list[pytest.Item]) -> None:
+    """The images this run's selected tests use, built beside the suite from now on
+    (tests/support/run_image.py); the first worker here starts the builder."""
+    used = {name for item in items for name in getattr(item, "fixturenames", ())}
+    if "app_image" not in used:
+        return
+    work = build_dir(run) / "work"
+    work.mkdir(parents=True, exist_ok=True)
+    engine, _ = usable_engine(work)
+    if engine is not None:  # otherwise the image tests skip, naming what is missing
+        start_prebuild(run, engine.env, stack="stack_images" in used)
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -130,8 +157,9 @@ def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> Non
         )
 
 
-# The tiers of the longest tests: podman image builds, private Postgres clusters.
-LONG = ("image", "cluster")
+# The tiers of the files handed out first (private Postgres clusters) and last (podman
+# images, built meanwhile).
+FIRST, LAST = "cluster", "image"
 
 
 def item_tiers(reader: Reader, item: pytest.Item) -> set[str]:

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import repo_root
-
-DEPLOY = repo_root() / "deploy"
+from tests.support.run_image import DEPLOY, REPO
 
 
 @dataclass
@@ -44,7 +42,7 @@ class Engine:
         proc = subprocess.run(
             [str(DEPLOY / name)],
             env={**self.env, **env},
-            cwd=repo_root(),
+            cwd=REPO,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -66,24 +64,32 @@ def find_engine(build_dir: Path) -> Engine:
     """podman when installed, else docker when its daemon answers; else the test skips,
     naming what is missing. Podman gets the scratch containers.conf of deploy/engine.sh
     (written by the build scripts into ``build_dir``)."""
+    engine, missing = usable_engine(build_dir)
+    if engine is None:
+        pytest.skip(missing)
+    return engine
+
+
+def usable_engine(build_dir: Path) -> tuple[Engine | None, str]:
+    """The engine ``find_engine`` gives, or None and what is missing."""
     env = dict(os.environ)
     env["BUILD_DIR"] = str(build_dir)
     # The venv's tools (uv from `make install`) for the scripts.
-    uv = repo_root() / ".tools" / "bin" / "uv"
+    uv = REPO / ".tools" / "bin" / "uv"
     if uv.exists():
         env["UV"] = str(uv)
     if shutil.which("podman"):
         env["ENGINE"] = "podman"
         if not env.get("CONTAINERS_CONF"):
             env["CONTAINERS_CONF"] = str(write_containers_conf(build_dir))
-        return Engine("podman", env)
+        return Engine("podman", env), ""
     if shutil.which("docker"):
         probe = subprocess.run(["docker", "info"], capture_output=True, timeout=30)
         if probe.returncode == 0:
             env["ENGINE"] = "docker"
-            return Engine("docker", env)
-        pytest.skip("podman is not installed and docker's daemon does not answer")
-    pytest.skip("neither podman nor docker is installed")
+            return Engine("docker", env), ""
+        return None, "podman is not installed and docker's daemon does not answer"
+    return None, "neither podman nor docker is installed"
 
 
 def write_containers_conf(build_dir: Path) -> Path:
