@@ -33,6 +33,7 @@ from tests.support.postgres import (
     start_test_database,
 )
 from tests.support.run_image import build_dir, remove_run_image, start_prebuild
+from tests.support.shared_ssl import share_default_ssl_context
 from tests.support.tiers import FAST, TIERS, Reader, forbid_processes
 
 JWT_SECRET = "test-secret-" + "x" * 32
@@ -45,6 +46,7 @@ _exit_status: dict[str, int] = {}
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    share_default_ssl_context()  # tests/support/shared_ssl.py: a minute of CPU a run
     # CPython 3.11.0-3.11.7 can leave the AST constructor's recursion depth off after an
     # error in it (python/cpython#106905, fixed in 3.11.8): pytest's own traceback
     # formatting then raises "AST constructor recursion depth mismatch", an

@@ -1,13 +1,18 @@
-"""Each entry point and package imports on its own, in a fresh interpreter: an import
-cycle that only bites in one order (``workers`` importing ``live.hub`` first) fails here
-instead of in production."""
+"""Each entry point and package imports on its own, into an interpreter that holds none
+of the package (tests/support/import_probe.py): an import cycle that only bites in one
+order (``workers`` importing ``live.hub`` first) fails here instead of in production.
+The command's own entry (``python -m ductor_streams``) runs in a fresh interpreter."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
+from collections.abc import Iterator
 
 import pytest
+
+from tests.conftest import repo_root
 
 MODULES = [
     "ductor_streams.process.cli",
@@ -49,12 +54,31 @@ MODULES = [
 ]
 
 
-@pytest.mark.parametrize("module", MODULES)
-def test_module_imports_alone(module: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", f"import {module}"], capture_output=True, text=True, timeout=60
+@pytest.fixture(scope="module")
+def probe() -> Iterator[subprocess.Popen[str]]:
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tests.support.import_probe"],
+        cwd=repo_root(),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
     )
-    assert done.returncode == 0, done.stderr[-2000:]
+    try:
+        yield process
+    finally:
+        assert process.stdin is not None
+        process.stdin.close()
+        assert process.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("module", MODULES)
+def test_module_imports_alone(probe: subprocess.Popen[str], module: str) -> None:
+    assert probe.stdin is not None and probe.stdout is not None
+    probe.stdin.write(module + "\n")
+    probe.stdin.flush()
+    answer = json.loads(probe.stdout.readline())
+    assert answer["module"] == module
+    assert answer["error"] == "", answer["error"][-2000:]
 
 
 def test_the_workflow_helpers_load_no_database_driver() -> None:
