@@ -62,12 +62,12 @@ test-tools:
 # `make test PYTEST_WORKERS=0` runs it in one process.
 PYTEST_WORKERS ?= $(if $(DUCTOR_STREAMS_TEST_DATABASE_URL),auto,$(shell echo $$(( $$(nproc) + 1 ))))
 test: lint test-tools
-	$(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The inner loop: the `fast` tier only (tests/support/tiers.py), which starts no process
 # but the tests' Postgres; prints how many of all the tests it ran.
 test-fast: install
-	$(BIN)/python -m pytest -q -m fast -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
+	env -u PYTHONDONTWRITEBYTECODE $(BIN)/python -m pytest -q -m fast -n $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 # After adding a migration: regenerate the current schema (ductor_streams/schema/schema.sql)
 # from a freshly migrated database, and commit it. Uses DUCTOR_STREAMS_TEST_DATABASE_URL's
