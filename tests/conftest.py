@@ -232,7 +232,7 @@ def settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Set
 
 @pytest.fixture(scope="session")
 async def pool(database_url: str) -> AsyncIterator[asyncpg.Pool]:
-    pool = await create_pool(database_url, min_size=2, max_size=20)
+    pool = await create_pool(database_url, min_size=2, max_size=10)
     try:
         yield pool
     finally:
@@ -270,7 +270,7 @@ async def runtime(settings: Settings) -> AsyncIterator[Runtime]:
 
 @pytest.fixture(scope="session")
 async def client(settings: Settings) -> AsyncIterator[AsyncTestClient[Any]]:
-    app = create_app(settings.with_overrides(pool_max_size=20))
+    app = create_app(settings)
     async with AsyncTestClient(app=app, timeout=30) as test_client:
         yield test_client
 

@@ -410,10 +410,25 @@ async def test_the_rows_a_statement_moves_stay_on_their_pages(quiet_pool: asyncp
     # new versions of its rows must fit on their pages beside the old ones (HOT updates:
     # no index entries, the table keeps its size); with the default fillfactor 44% of
     # them left their page and the table grew by a page every few statements. Counted
-    # by Postgres itself (n_tup_hot_upd): a HOT update can still miss now and then when
-    # the page is pinned by another process (the checkpointer writing it) just as it
-    # would be pruned, which on a loaded machine moved a few rows of 4,800.
-    pool = quiet_pool
+    # by Postgres itself (n_tup_hot_upd). A HOT update can still miss when the page is
+    # pinned by another process just as it would be pruned (the checkpointer writing it;
+    # on a server shared with other tests' databases, the checkpoints their CREATE and
+    # DROP DATABASE ask for): on a loaded machine that moved up to 25 rows of 4,800 in
+    # one round. So up to three rounds, each on streams of its own: the fillfactor's
+    # effect shows in every one of them, such noise hardly twice in a row.
+    moved = []
+    for _ in range(3):
+        moved.append(await _rows_that_left_their_page(quiet_pool))
+        if moved[-1] <= 300 * 16 // 200:
+            break
+    # At most 0.5% in a round: here 0 on most runs; with Postgres's default fillfactor
+    # (100), 77 in each.
+    assert min(moved) <= 300 * 16 // 200, moved
+
+
+async def _rows_that_left_their_page(pool: asyncpg.Pool) -> int:
+    """300 statements appending to 16 new streams at once; how many of their 4,800 row
+    updates of the streams table were not HOT."""
     store = Store(pool)
     pks = sorted([(await make_stream(store)).stream_pk for _ in range(16)])
     statement = QUERIES["records_append_stream_groups"]
@@ -425,17 +440,15 @@ async def test_the_rows_a_statement_moves_stay_on_their_pages(quiet_pool: asyncp
             assert [r["outcome"] for r in rows] == ["appended"] * 16
         updated, hot = await _updates(conn)
     assert updated - updated_before == 300 * 16
-    left_their_page = (updated - updated_before) - (hot - hot_before)
-    # At most 0.5%: here 0 on most runs; with Postgres's default fillfactor (100), 77.
-    assert left_their_page <= 300 * 16 // 200, left_their_page
     assert (
         await pool.fetchval(
-            "SELECT array_agg(latest_sequence) FROM workflow_streams.streams"
+            "SELECT array_agg(latest_sequence ORDER BY stream_pk) FROM workflow_streams.streams"
             " WHERE stream_pk = ANY ($1)",
             pks,
         )
         == [300] * 16
     )
+    return (updated - updated_before) - (hot - hot_before)
 
 
 async def _updates(conn: asyncpg.Connection) -> tuple[int, int]:

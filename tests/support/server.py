@@ -49,6 +49,12 @@ def settings_env(settings: Settings) -> dict[str, str]:
     return env
 
 
+# The test servers' pools start with one connection instead of the default two: the
+# workers of a run share one Postgres server's connections (100 by default) when
+# DUCTOR_STREAMS_TEST_DATABASE_URL names one, and a file's servers may idle a while.
+SERVER_POOL = {"DUCTOR_STREAMS_POOL_MIN_SIZE": "1"}
+
+
 @dataclass
 class ServerProcess:
     """One server subprocess; ``url`` is its root (the API is under /api/workflow-streams)."""
@@ -86,7 +92,7 @@ class ServerProcess:
         ]
         if not self.workers:
             args.append("--no-workers")
-        env = {**os.environ, **settings_env(self.settings), **self.extra_env}
+        env = {**os.environ, **SERVER_POOL, **settings_env(self.settings), **self.extra_env}
         log = open(self.log_path, "ab") if self.log_path else subprocess.DEVNULL
         self.process = subprocess.Popen(
             args,
